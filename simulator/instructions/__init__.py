@@ -1,0 +1,1 @@
+"""ISA instruction implementations, one module per engine (DMA, Tensor, Vector, Scalar, GpSimd)."""

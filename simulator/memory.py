@@ -1,0 +1,169 @@
+"""Allocation and on-chip capacity: what a kernel holds alive, checked against the target.
+
+AWS's simulator allocates every tensor independently and checks no capacity. Here each
+SBUF/PSUM allocation is live from the first instruction that touches it to the last one
+(the interval a compiler's allocator must keep it), and at the end of each program
+instance the peak over the trace is compared with the target: usable SBUF bytes per
+partition, and PSUM banks (a live PSUM tile holds whole 2 KiB banks).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from neuron_kernels.simulator import dtypes
+from neuron_kernels.simulator.errors import NkiValidationError, not_implemented
+from neuron_kernels.simulator.tensor import MemoryRegion, NkiTensor, Storage, _contiguous_strides, _is_int
+
+__all__ = ["allocate", "MemoryPeak", "check_capacity", "normalize_buffer", "psum_num_banks"]
+
+PE_TRANSPOSE_DMA_ENV = "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE"
+
+
+def normalize_buffer(buffer, api: str) -> MemoryRegion:
+    if isinstance(buffer, MemoryRegion):
+        return buffer
+    raise NkiValidationError(
+        api,
+        "buffer",
+        "must be nl.sbuf, nl.psum, nl.hbm/nl.private_hbm or nl.shared_hbm (string names are rejected)",
+        repr(buffer),
+    )
+
+
+def psum_num_banks(target) -> int:
+    """Usable PSUM banks: one is reserved when DMA transposes run as PE transposes (trn2+)."""
+    reserved = os.environ.get(PE_TRANSPOSE_DMA_ENV, "").lower() == "true" and target.nc_version >= 3
+    return target.psum_num_banks - (1 if reserved else 0)
+
+
+def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray") -> NkiTensor:
+    """A fresh tensor filled with the NaN / 4 sentinel."""
+    buffer = normalize_buffer(buffer, api)
+    dtype = dtypes.normalize(dtype, api)
+    if dtypes.info(dtype).kind == "packed":
+        raise not_implemented(f"nl.{dtype} tensors")
+    if _is_int(shape):
+        shape = (shape,)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise NkiValidationError(api, "shape", "must be a tuple of positive ints", shape) from None
+    if not shape or not all(_is_int(n) and n >= 1 for n in shape):
+        raise NkiValidationError(api, "shape", "must be a non-empty tuple of positive ints", shape)
+    shape = tuple(int(n) for n in shape)
+    target = sim.target
+    if buffer.on_chip:
+        if shape[0] > target.pmax:
+            raise NkiValidationError(
+                api,
+                "partition dimension (shape[0])",
+                f"must be <= {target.pmax}",
+                shape[0],
+                limit=target.pmax,
+                hint="tile the partition axis into 128-row tiles",
+            )
+        per_partition = math.prod(shape[1:]) * dtypes.info(dtype).itemsize
+        cap = target.sbuf_usable_bytes if buffer is MemoryRegion.sbuf else target.psum_partition_bytes
+        what = "usable SBUF" if buffer is MemoryRegion.sbuf else "PSUM"
+        if per_partition > cap:
+            raise NkiValidationError(
+                api,
+                "bytes per partition",
+                f"must be <= {cap} ({target.name} {what} per partition)",
+                per_partition,
+                limit=cap,
+            )
+    launch = sim.launch
+    if buffer is MemoryRegion.shared_hbm:
+        index = sim.shared_cursor
+        sim.shared_cursor += 1
+        if index < len(launch.shared_allocations):
+            storage = launch.shared_allocations[index]
+            if storage.shape != shape or storage.dtype != dtype:
+                raise NkiValidationError(
+                    api,
+                    "shared_hbm allocation",
+                    f"must match across program instances ({storage.shape}, {storage.dtype})",
+                    (shape, dtype),
+                )
+            return NkiTensor._make(storage, shape, _contiguous_strides(shape), 0, dtype, storage.name)
+    uid = launch.new_storage_id()
+    storage = Storage(uid, shape, dtype, buffer, name or f"{buffer.value}{uid}", launch.precise_fp)
+    if buffer is MemoryRegion.shared_hbm:
+        launch.shared_allocations.append(storage)
+    if buffer.on_chip:
+        sim.on_chip.append(storage)
+    return NkiTensor._make(storage, shape, _contiguous_strides(shape), 0, dtype, storage.name)
+
+
+@dataclass(frozen=True)
+class MemoryPeak:
+    """Peak on-chip use of one program instance (per partition)."""
+
+    sbuf_bytes: int
+    sbuf_at: int  # instruction index of the peak, -1 if nothing was live
+    psum_bytes: int
+    psum_banks: int
+    psum_at: int
+
+
+def _peak(storages, weight):
+    events = []
+    for s in storages:
+        if s.first_use >= 0:
+            events.append((s.first_use, 1, s))
+            events.append((s.last_use + 1, 0, s))
+    events.sort(key=lambda e: (e[0], e[1]))  # frees before allocations at the same index
+    live, peak, at, live_set, peak_set = 0, 0, -1, set(), set()
+    for index, kind, s in events:
+        if kind:
+            live += weight(s)
+            live_set.add(s)
+            if live > peak:
+                peak, at, peak_set = live, index, set(live_set)
+        else:
+            live -= weight(s)
+            live_set.discard(s)
+    return peak, at, peak_set
+
+
+def check_capacity(sim) -> MemoryPeak:
+    """Raise NkiValidationError if live SBUF bytes or PSUM banks ever exceed the target."""
+    target = sim.target
+    sbuf = [s for s in sim.on_chip if s.buffer is MemoryRegion.sbuf]
+    psum = [s for s in sim.on_chip if s.buffer is MemoryRegion.psum]
+    sbuf_peak, sbuf_at, sbuf_set = _peak(sbuf, lambda s: s.bytes_per_partition)
+    banks = lambda s: -(-s.bytes_per_partition // target.psum_bank_bytes)  # noqa: E731
+    psum_banks, psum_at, psum_set = _peak(psum, banks)
+    psum_bytes, _, _ = _peak(psum, lambda s: s.bytes_per_partition)
+    trace = sim.launch.trace.instructions
+
+    def where(at, live):
+        api = trace[at].api if 0 <= at < len(trace) else "?"
+        top = sorted(live, key=lambda s: -s.bytes_per_partition)[:4]
+        tiles = ", ".join(f"{s.name} {s.shape} {s.dtype} ({s.bytes_per_partition} B)" for s in top)
+        return f"peak at instruction #{at} ({api}); largest live tiles: {tiles}"
+
+    if sbuf_peak > target.sbuf_usable_bytes:
+        raise NkiValidationError(
+            "nki.simulate",
+            "live SBUF bytes per partition",
+            f"must be <= {target.sbuf_usable_bytes} ({target.name} usable SBUF)",
+            sbuf_peak,
+            limit=target.sbuf_usable_bytes,
+            hint=where(sbuf_at, sbuf_set),
+        )
+    n_banks = psum_num_banks(target)
+    if psum_banks > n_banks:
+        raise NkiValidationError(
+            "nki.simulate",
+            "live PSUM banks",
+            f"must be <= {n_banks} (2 KiB banks per partition on {target.name})",
+            psum_banks,
+            limit=n_banks,
+            hint=where(psum_at, psum_set),
+        )
+    return MemoryPeak(sbuf_peak, sbuf_at, psum_bytes, psum_banks, psum_at)

@@ -1,0 +1,193 @@
+"""``nki.language`` on the interpreter: dtypes, buffers, tensors, tile sizes, loops, SPMD
+ids, operators, and the (experimental in NKI 0.6) convenience wrappers.
+
+Names mirror aws-neuron/aws-neuron-sdk nki/api/nki/language/__init__.py. Any other name
+raises NotImplementedError naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from neuron_kernels.simulator import language_ops as _ops
+from neuron_kernels.simulator.context import current as _current
+from neuron_kernels.simulator.context import current_or_none as _current_or_none
+from neuron_kernels.simulator.errors import NkiValidationError as _NkiValidationError
+from neuron_kernels.simulator.errors import not_implemented as _not_implemented
+from neuron_kernels.simulator.limits import default_target as _default_target
+from neuron_kernels.simulator.memory import allocate as _allocate
+from neuron_kernels.simulator.memory import psum_num_banks as _psum_num_banks
+from neuron_kernels.simulator.operators import OPERATORS as _OPERATORS
+from neuron_kernels.simulator.tensor import DynamicSlice as _DynamicSlice
+from neuron_kernels.simulator.tensor import MemoryRegion, NKIObject, NkiTensor
+
+# -- dtypes (strings, as DType = str in the API) ----------------------------------------
+bool_ = "bool_"
+int8 = "int8"
+int16 = "int16"
+int32 = "int32"
+uint8 = "uint8"
+uint16 = "uint16"
+uint32 = "uint32"
+float16 = "float16"
+float32 = "float32"
+bfloat16 = "bfloat16"
+tfloat32 = "tfloat32"
+float8_e4m3 = "float8_e4m3"
+float8_e4m3fn = "float8_e4m3fn"
+float8_e5m2 = "float8_e5m2"
+float8_e5m2_x4 = "float8_e5m2_x4"
+float8_e4m3fn_x4 = "float8_e4m3fn_x4"
+float8_e8m0fnu = "float8_e8m0fnu"
+float4_e2m1fn_x4 = "float4_e2m1fn_x4"
+
+# -- buffers ----------------------------------------------------------------------------
+sbuf = MemoryRegion.sbuf
+psum = MemoryRegion.psum
+private_hbm = MemoryRegion.private_hbm
+hbm = private_hbm  # alias, as in the API
+shared_hbm = MemoryRegion.shared_hbm
+
+
+def is_hbm(buffer) -> bool:
+    return isinstance(buffer, MemoryRegion) and buffer.is_hbm
+
+
+def is_on_chip(buffer) -> bool:
+    return isinstance(buffer, MemoryRegion) and buffer.on_chip
+
+
+def is_psum(buffer) -> bool:
+    return buffer is MemoryRegion.psum
+
+
+def is_sbuf(buffer) -> bool:
+    return buffer is MemoryRegion.sbuf
+
+
+# -- tile sizes of the running target -----------------------------------------------------
+def _target():
+    sim = _current_or_none()
+    return sim.target if sim is not None else _default_target()
+
+
+class _TileSize(NKIObject):
+    """Hardware tile size constants of the current target."""
+
+    pmax = property(lambda self: _target().pmax)
+    psum_fmax = property(lambda self: _target().psum_bank_fmax)  # deprecated alias
+    psum_bank_fmax = property(lambda self: _target().psum_bank_fmax)
+    psum_bank_fmax_bytes = property(lambda self: _target().psum_bank_bytes)
+    gemm_stationary_fmax = property(lambda self: _target().gemm_stationary_fmax)
+    gemm_moving_fmax = property(lambda self: _target().gemm_moving_fmax)
+    bn_stats_fmax = property(lambda self: _target().bn_stats_fmax)
+    psum_min_align = property(lambda self: _target().psum_min_align)
+    sbuf_min_align = property(lambda self: _target().sbuf_min_align)
+    psum_num_banks = property(lambda self: _psum_num_banks(_target()))
+    sbuf_size_bytes = property(lambda self: _target().sbuf_partition_bytes * _target().pmax)
+    sbuf_fmax = property(lambda self: _target().sbuf_fmax)
+    sbuf_fmax_bytes = property(lambda self: _target().sbuf_usable_bytes)
+    total_available_sbuf_size = property(lambda self: _target().sbuf_usable_bytes)  # deprecated
+
+    def __repr__(self) -> str:
+        return f"nl.tile_size({_target().name})"
+
+
+tile_size = _TileSize()
+
+
+# -- creation -----------------------------------------------------------------------------
+def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
+    """Allocate a tensor; contents are uninitialised (NaN for floats, 4 for integers)."""
+    if address is not None:
+        raise _not_implemented("nl.ndarray(address=...) (explicit placement)")
+    return _allocate(_current(), shape, dtype, buffer, name)
+
+
+zeros = _ops.zeros
+ones = _ops.ones
+full = _ops.full
+zeros_like = _ops.zeros_like
+empty_like = _ops.empty_like
+shared_identity_matrix = _ops.shared_identity_matrix
+shared_constant = _ops.shared_constant
+
+
+def ds(start, size):
+    """The slice ``start:start+size`` for indexing (``nl.ds``)."""
+    return _DynamicSlice(start, size)
+
+
+# -- loops: deprecated aliases of range() in NKI 0.6 ----------------------------------------
+def affine_range(start, stop=None, step=1):
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+sequential_range = affine_range
+static_range = affine_range
+
+
+def fori_loop(lower, upper, body_fun, step=1):
+    """Runtime loop; the interpreter runs it as a Python loop over concrete indices."""
+    if not isinstance(step, int) or step < 1:
+        raise _NkiValidationError("nl.fori_loop", "step", "must be a positive compile-time int", step)
+    for i in range(int(lower), int(upper), step):
+        body_fun(i)
+
+
+@contextlib.contextmanager
+def no_reorder():
+    """Pins instruction order; the interpreter already runs in program order."""
+    yield
+
+
+# -- SPMD -----------------------------------------------------------------------------------
+def program_id(axis=0):
+    sim = _current()
+    if not sim.program_id:
+        return 0
+    if not 0 <= axis < len(sim.program_id):
+        raise _NkiValidationError("nl.program_id", "axis", f"must be in [0, {len(sim.program_id)})", axis)
+    return sim.program_id[axis]
+
+
+def num_programs(axes=0):
+    grid = _current().launch.grid
+    if not grid:
+        return 1
+    if isinstance(axes, (tuple, list)):
+        return int(np.prod([grid[a] for a in axes]))
+    if not 0 <= axes < len(grid):
+        raise _NkiValidationError("nl.num_programs", "axes", f"must be in [0, {len(grid)})", axes)
+    return grid[axes]
+
+
+def program_ndim():
+    return len(_current().launch.grid)
+
+
+def device_print(print_prefix, tensor):
+    """Print a tensor's values now (the interpreter runs eagerly)."""
+    print(print_prefix, tensor._read_raw() if isinstance(tensor, NkiTensor) else tensor)
+
+
+# -- operators and experimental wrappers -----------------------------------------------------
+globals().update(_OPERATORS)
+load = _ops.load
+store = _ops.store
+load_transpose2d = _ops.load_transpose2d
+matmul = _ops.matmul
+transpose = _ops.transpose
+
+_KNOWN = {
+    "rand", "random_seed", "dropout", "softmax", "rms_norm", "where", "gather_flattened",
+    "broadcast_to", "expand_dims", "while_loop", "dynamic_range",
+}
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise _not_implemented(f"nki.language.{name}", known=name in _KNOWN)
