@@ -9,6 +9,7 @@ import sys
 # subcommand -> module exposing ``add_arguments(parser)`` and ``main(args) -> int``
 SUBCOMMANDS = {
     "demo": ("neuron_kernels.demo", "run an NKI kernel on the interpreter and check its result"),
+    "profile": ("neuron_kernels.simulator.profile_cli", "modeled profile of an op on a target (cost model)"),
 }
 
 

@@ -41,6 +41,9 @@ class Launch:
     shared_allocations: list["Storage"] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     next_storage_id: int = 0
+    # compute=False runs checks, liveness and the trace but skips the arithmetic: the
+    # cost model needs only shapes, and NKI control flow never depends on tensor data.
+    compute: bool = True
 
     def new_storage_id(self) -> int:
         self.next_storage_id += 1

@@ -92,7 +92,15 @@ class Run:
     memory: list[MemoryPeak] = field(default_factory=list)
 
 
-def run(kernel, args=(), kwargs=None, *, target: str | Target | None = None, precise_fp: bool | None = None) -> Run:
+def run(
+    kernel,
+    args=(),
+    kwargs=None,
+    *,
+    target: str | Target | None = None,
+    precise_fp: bool | None = None,
+    compute: bool = True,
+) -> Run:
     """Run ``kernel`` (a :class:`Kernel` or plain function) on the interpreter.
 
     Args:
@@ -100,6 +108,8 @@ def run(kernel, args=(), kwargs=None, *, target: str | Target | None = None, pre
         args, kwargs: kernel arguments; NumPy arrays and torch CPU tensors become HBM tensors.
         target: ``trn1``/``trn2``/``trn3``; default ``NEURON_PLATFORM_TARGET_OVERRIDE`` or trn2.
         precise_fp: store low-precision floats through ml_dtypes; default ``NKI_PRECISE_FP``.
+        compute: False skips the arithmetic (values are meaningless) but keeps every check,
+            the liveness accounting and the trace; for profiling large shapes quickly.
     """
     kernel = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
     kwargs = dict(kwargs or {})
@@ -108,7 +118,7 @@ def run(kernel, args=(), kwargs=None, *, target: str | Target | None = None, pre
     _check_python_subset(kernel.fn)
     grid = kernel.grid
     n_programs = int(np.prod(grid)) if grid else 1
-    launch = Launch(target=tgt, grid=grid, precise_fp=precise, trace=Trace(target=tgt.name))
+    launch = Launch(target=tgt, grid=grid, precise_fp=precise, trace=Trace(target=tgt.name), compute=compute)
     framework = "torch" if any(_is_torch(a) for a in (*args, *kwargs.values())) else "numpy"
     in_buffer = MemoryRegion.shared_hbm if n_programs > 1 else MemoryRegion.private_hbm
 

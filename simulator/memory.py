@@ -91,7 +91,9 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
                 )
             return NkiTensor._make(storage, shape, _contiguous_strides(shape), 0, dtype, storage.name)
     uid = launch.new_storage_id()
-    storage = Storage(uid, shape, dtype, buffer, name or f"{buffer.value}{uid}", launch.precise_fp)
+    storage = Storage(
+        uid, shape, dtype, buffer, name or f"{buffer.value}{uid}", launch.precise_fp, compute=launch.compute
+    )
     if buffer is MemoryRegion.shared_hbm:
         launch.shared_allocations.append(storage)
     if buffer.on_chip:

@@ -82,15 +82,17 @@ class Storage:
         "host",
         "written",
         "precise_fp",
+        "compute",
     )
 
-    def __init__(self, uid, shape, dtype, buffer, name, precise_fp, array=None):
+    def __init__(self, uid, shape, dtype, buffer, name, precise_fp, array=None, compute=True):
         self.uid = uid
         self.shape = tuple(shape)
         self.dtype = dtype
         self.buffer = buffer
         self.name = name
         self.precise_fp = precise_fp
+        self.compute = compute
         if array is None:
             size = math.prod(self.shape)
             array = np.full(size, dtypes.sentinel(dtype), dtype=dtypes.storage_dtype(dtype, precise_fp))
@@ -235,9 +237,13 @@ class NkiTensor(NKIObject):
         )
 
     def _read_raw(self) -> np.ndarray:
+        if not self._storage.compute:
+            return np.zeros(self.shape, dtype=self._np_dtype())
         return np.array(self._array())
 
     def _read_f32(self) -> np.ndarray:
+        if not self._storage.compute:
+            return np.zeros(self.shape, dtype=np.float32)
         return self._array().astype(np.float32)
 
     def _write(self, values: np.ndarray, *, raw: bool = False) -> None:
@@ -245,11 +251,12 @@ class NkiTensor(NKIObject):
 
         ``raw``: values are already in this tensor's storage dtype (bit-exact copies).
         """
-        values = np.asarray(values)
-        if not raw:
-            values = dtypes.convert(values, self.dtype, self._storage.precise_fp)
-        dst = self._array()
-        dst[...] = values.reshape(self.shape)
+        if self._storage.compute:
+            values = np.asarray(values)
+            if not raw:
+                values = dtypes.convert(values, self.dtype, self._storage.precise_fp)
+            dst = self._array()
+            dst[...] = values.reshape(self.shape)
         self._storage.written = True
         if self._storage.psum_state is not None:
             # A non-matmul write ends any accumulation group; nc_matmul re-marks its own.
@@ -736,6 +743,7 @@ def wrap_host_array(sim, array: np.ndarray, dtype: str, buffer: MemoryRegion, na
         buffer,
         name,
         launch.precise_fp,
+        compute=launch.compute,
         array=np.ascontiguousarray(
             dtypes.convert(array, dtype, launch.precise_fp)
             if array.dtype != dtypes.storage_dtype(dtype, launch.precise_fp)

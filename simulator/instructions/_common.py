@@ -72,6 +72,11 @@ class Check:
         self.sim = current()
         self.target = self.sim.target
 
+    @property
+    def compute(self) -> bool:
+        """False when the launch only traces (skip heavy arithmetic; values are unused)."""
+        return self.sim.launch.compute
+
     def fail(self, arg: str, rule: str, value, *, limit=None, hint=None) -> NoReturn:
         raise NkiValidationError(self.api, arg, rule, value, limit=limit, hint=hint)
 

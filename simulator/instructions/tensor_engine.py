@@ -201,8 +201,11 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         else:
             mode = _write_result(check, dst, a.T.copy(), accumulate)
     else:
-        with np.errstate(all="ignore"):
-            result = np.matmul(a.T, b, dtype=np.float32)
+        if check.compute:
+            with np.errstate(all="ignore"):
+                result = np.matmul(a.T, b, dtype=np.float32)
+        else:
+            result = np.zeros((m, n), dtype=np.float32)
         mode = _write_result(check, dst, result, accumulate)
     return check.record(
         "tensor", [stationary, moving], [dst], name,
