@@ -5,4 +5,5 @@ from neuron_kernels.kernels.spec import REGISTRY, OpSpec, Tolerance, TunableConf
 
 __all__ = ["REGISTRY", "OpSpec", "Tolerance", "TunableConfig", "get_spec", "register"]
 
-# The op registry: one line per kernel module (added as each kernel lands).
+# The op registry: one line per kernel module.
+from neuron_kernels.kernels import matmul  # noqa: E402,F401

@@ -115,9 +115,15 @@ class OpSpec:
         make_inputs: ``make_inputs(problem, dtype, generator) -> tuple`` of op args.
         parse_shape: ``parse_shape("4096x4096x4096") -> problem`` for the CLIs.
         shape_bucket: ``shape_bucket(problem) -> str``: the key tuned configs are stored under.
-        test_problems: sizes the contract tests draw from: ``{dim: (low, high)}`` plus edge values.
+        test_problems: sizes the contract tests use: ``"ranges"`` ``{dim: (low, high)}`` to
+            draw from, ``"edges"`` values to favour, a small ``"probe"`` problem every config
+            runs on, and a ``"large"`` one where SBUF/PSUM budgets bind.
         dtypes: torch dtype names the op accepts.
-        autograd: ``(setup_context, backward)`` for ``torch.library.register_autograd``, or None.
+        kernels: the NKI kernels the op runs (their source is part of a tuned config's key).
+        autograd: ``(setup_context, backward)``; ``setup_context(ctx, *op_args, output)``
+            receives the inputs by name, ``backward(ctx, *grads)`` returns one grad per input.
+        bad_inputs: ``bad_inputs() -> [(op_args, arg_name), ...]``: one bad input per
+            op-boundary limit, with the argument the error must name.
     """
 
     name: str
@@ -136,6 +142,7 @@ class OpSpec:
     dtypes: tuple[str, ...]
     kernels: tuple = ()
     autograd: tuple[Callable, Callable] | None = None
+    bad_inputs: Callable[[], list] | None = None
     description: str = ""
 
     def is_valid(self, problem: dict, dtype: str, config: TunableConfig, target: str) -> bool:

@@ -1,0 +1,61 @@
+"""Test helpers for kernel authors: run an op's kernel on the interpreter and compare it
+with its reference within the declared tolerance, saying where and by how much it fails."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["assert_within_tolerance", "interpreter_runner_for", "run_kernel"]
+
+
+def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: str = "") -> None:
+    """Assert ``|out - ref| <= tol.atol + tol.rtol * |ref|`` elementwise.
+
+    On failure the message gives the worst element's index, both values, the bound, the
+    dtype and ``context`` (op, config, problem), so a failure reads without a debugger.
+    """
+    if out.shape != ref.shape:
+        raise AssertionError(f"shape {tuple(out.shape)} != reference {tuple(ref.shape)} {context}")
+    got, want = out.detach().double().cpu(), ref.detach().double().cpu()
+    bound = tol.atol + tol.rtol * want.abs()
+    excess = (got - want).abs() - bound
+    nan_mismatch = torch.isnan(got) != torch.isnan(want)
+    if nan_mismatch.any():
+        idx = tuple(int(i) for i in nan_mismatch.nonzero()[0])
+        raise AssertionError(
+            f"NaN mismatch at {idx}: got {got[idx].item()}, reference {want[idx].item()} "
+            f"(dtype {out.dtype}) {context}"
+        )
+    excess = torch.nan_to_num(excess, nan=0.0)
+    if excess.numel() and excess.max() > 0:
+        flat = int(excess.argmax())
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), excess.shape))
+        n_bad = int((excess > 0).sum())
+        raise AssertionError(
+            f"{n_bad}/{excess.numel()} elements outside atol={tol.atol:g} rtol={tol.rtol:g} ({tol.reason}); "
+            f"worst at {idx}: got {got[idx].item():.9g}, reference {want[idx].item():.9g}, "
+            f"|diff| {abs(got[idx] - want[idx]).item():.3g} > bound {bound[idx].item():.3g} "
+            f"(dtype {out.dtype}) {context}"
+        )
+
+
+def interpreter_runner_for(target: str | None = None, compute: bool = True, runs: list | None = None):
+    """A runner executing kernels on our interpreter for ``target``; keeps each ``Run`` in
+    ``runs`` when given (trace and memory peaks)."""
+    from neuron_kernels.simulator import run
+
+    def runner(kernel, *args, **kwargs):
+        result = run(kernel, args, kwargs, target=target, compute=compute)
+        if runs is not None:
+            runs.append(result)
+        return result.outputs
+
+    return runner
+
+
+def run_kernel(spec, args: tuple, config=None, target: str | None = None, runs: list | None = None) -> Any:
+    """``spec.launch`` on the interpreter with ``config`` (default: the op's default)."""
+    config = config if config is not None else spec.config.default()
+    return spec.launch(*args, config=config, runner=interpreter_runner_for(target, runs=runs))

@@ -1,0 +1,205 @@
+"""The contract every op in the registry keeps: the same battery, parametrized over the registry.
+
+A new op gets all of these by registering its OpSpec; nothing here names a particular op.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import neuron_kernels.torch_ops  # noqa: F401  (registers torch.ops.neuron.*)
+from neuron_kernels.autotune import results
+from neuron_kernels.errors import LimitError
+from neuron_kernels.kernels import REGISTRY
+from neuron_kernels.simulator import NkiValidationError
+from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
+from neuron_kernels.torch_ops import cpu_mode, routing
+
+OPS = sorted(REGISTRY)
+
+
+def _op(spec):
+    return getattr(torch.ops.neuron, spec.name)
+
+
+def _problems(spec):
+    """Hypothesis strategy over the op's problem sizes, favouring its edge values."""
+    ranges, edges = spec.test_problems["ranges"], spec.test_problems.get("edges", ())
+    dims = {}
+    for dim, (lo, hi) in ranges.items():
+        favoured = [e for e in edges if lo <= e <= hi]
+        dims[dim] = st.one_of(st.sampled_from(favoured), st.integers(lo, hi)) if favoured else st.integers(lo, hi)
+    return st.fixed_dictionaries(dims)
+
+
+def _inputs(spec, problem, dtype, seed=0):
+    return spec.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_kernel_agrees_with_reference(name):
+    """The NKI kernel on the interpreter matches the fp64 reference within the declared tolerance."""
+    spec = REGISTRY[name]
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(problem=_problems(spec), dtype=st.sampled_from(spec.dtypes), seed=st.integers(0, 2**16))
+    def check(problem, dtype, seed):
+        args = _inputs(spec, problem, dtype, seed)
+        config = spec.config.default()
+        out = run_kernel(spec, args, config)
+        ref = spec.reference(*args, upcast=True)
+        assert_within_tolerance(out, ref, spec.tolerances[dtype], f"[{name} {problem} {dtype} {config}]")
+
+    check()
+
+
+@pytest.mark.parametrize("mode", ["reference", "interpret"])
+@pytest.mark.parametrize("name", OPS)
+def test_opcheck(name, mode):
+    spec = REGISTRY[name]
+    args = _inputs(spec, spec.test_problems["probe"], "float32")
+    with cpu_mode(mode):
+        torch.library.opcheck(_op(spec).default, args)
+
+
+@pytest.mark.parametrize("name", [n for n in OPS if REGISTRY[n].autograd is not None])
+def test_autograd_matches_reference(name):
+    """Gradients through the op (interpreted kernels, also in backward) match autograd of
+    the fp64 reference within the op's float32 tolerance."""
+    spec = REGISTRY[name]
+    args = _inputs(spec, spec.test_problems["probe"], "float32")
+    leaves = [a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args]
+    ref_leaves = [a.detach().double().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args]
+    with cpu_mode("interpret"):
+        out = _op(spec)(*leaves)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    (out * weight).sum().backward()
+    (spec.reference(*ref_leaves, upcast=True) * weight.double()).sum().backward()
+    for got, want in zip(leaves, ref_leaves):
+        if isinstance(got, torch.Tensor):
+            assert_within_tolerance(got.grad, want.grad, spec.tolerances["float32"], f"[{name} grad]")
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_compile_fullgraph(name):
+    spec = REGISTRY[name]
+    args = _inputs(spec, spec.test_problems["probe"], "float32")
+    op = _op(spec)
+
+    def fn(*xs):
+        return op(*xs)
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(*args), fn(*args))
+
+
+@pytest.mark.parametrize("name", [n for n in OPS if REGISTRY[n].bad_inputs is not None])
+def test_bad_input_names_the_argument(name, monkeypatch):
+    """Each op-boundary limit raises LimitError naming the argument, before any kernel runs."""
+    spec = REGISTRY[name]
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("the kernel ran before the input was validated")
+
+    monkeypatch.setattr(routing, "interpreter_runner", no_kernel)
+    cases = spec.bad_inputs()
+    assert cases, "an op with bad_inputs must declare at least one case"
+    for args, arg_name in cases:
+        for mode in ("reference", "interpret"):
+            with cpu_mode(mode), pytest.raises(LimitError) as err:
+                _op(spec)(*args)
+            assert err.value.op == spec.name and err.value.arg == arg_name, str(err.value)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_every_config_is_rejected_or_runs_correctly(name):
+    """On the probe problem every declared config is either refused by spec.check or runs on
+    the interpreter without a limit error and matches the reference."""
+    spec = REGISTRY[name]
+    problem = spec.test_problems["probe"]
+    dtype = "bfloat16" if "bfloat16" in spec.dtypes else spec.dtypes[0]
+    args = _inputs(spec, problem, dtype)
+    ref = spec.reference(*args, upcast=True)
+    ran = rejected = 0
+    for config in spec.config.all_configs():
+        try:
+            spec.check(problem, dtype, config, "trn2")
+        except LimitError:
+            rejected += 1
+            continue
+        out = run_kernel(spec, args, config, target="trn2")
+        assert_within_tolerance(out, ref, spec.tolerances[dtype], f"[{name} {config}]")
+        ran += 1
+    assert ran > 0, "no config of the op runs on its probe problem"
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_accepted_configs_fit_the_hardware_at_scale(name):
+    """Where budgets bind, a config spec.check accepts never breaks an interpreter limit
+    (SBUF/PSUM capacity, tile shapes), on every target. Trace-only runs."""
+    spec = REGISTRY[name]
+    problem = spec.test_problems["large"]
+    configs = list(spec.config.all_configs())
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(config=st.sampled_from(configs), dtype=st.sampled_from(spec.dtypes),
+           target=st.sampled_from(["trn1", "trn2", "trn3"]))
+    def check(config, dtype, target):
+        if not spec.is_valid(problem, dtype, config, target):
+            return
+        args = _inputs(spec, problem, dtype)
+        try:
+            spec.launch(*args, config=config, runner=interpreter_runner_for(target, compute=False))
+        except NkiValidationError as exc:
+            pytest.fail(f"spec.check accepted {config} for {problem} {dtype} on {target}, "
+                        f"but the interpreter refused it: {exc}")
+
+    check()
+
+
+def _stored_entries():
+    root = results.perf_results_dir()
+    for path in sorted(root.glob("*/*.json")):
+        op, target = path.stem, path.parent.name
+        if op not in REGISTRY:
+            continue
+        for entry in results.load_entries(path, op, target):
+            yield pytest.param(op, target, entry, id=f"{target}-{op}-{entry['shape_bucket']}-{entry['dtype']}")
+
+
+@pytest.mark.parametrize("name,target,entry", list(_stored_entries()))
+def test_stored_perf_results_replay(name, target, entry):
+    """Every tuned config in perf_results/ is for the current kernel, valid, and correct."""
+    spec = REGISTRY[name]
+    assert entry["kernel_hash"] == results.kernel_hash(spec), (
+        f"perf_results/{target}/{name}.json holds a config tuned for another kernel version: re-tune it"
+    )
+    config = spec.config.from_dict(entry["config"])
+    problem = spec.test_problems["probe"]
+    spec.check(problem, entry["dtype"], config, target)
+    args = _inputs(spec, problem, entry["dtype"])
+    out = run_kernel(spec, args, config, target=target)
+    assert_within_tolerance(out, spec.reference(*args, upcast=True), spec.tolerances[entry["dtype"]],
+                            f"[{name} stored {json.dumps(entry['config'])}]")
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_spec_declares_everything(name):
+    """Tolerances for every dtype with a reason, defaults among the choices, a reason per default."""
+    spec = REGISTRY[name]
+    assert set(spec.tolerances) >= set(spec.dtypes)
+    for dtype, tol in spec.tolerances.items():
+        assert tol.reason and tol.atol >= 0 and tol.rtol >= 0, dtype
+    default = spec.config.default()
+    for field, choices in spec.config.space().items():
+        assert getattr(default, field) in choices
+    for field, why in spec.config.reasons().items():
+        assert why.split(":")[0] in ("modeled", "hardware", "correctness"), (field, why)
+    for target in ("trn1", "trn2", "trn3"):
+        for dtype in spec.dtypes:
+            spec.check(spec.test_problems["probe"], dtype, default, target)  # the default always runs

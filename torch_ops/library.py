@@ -1,0 +1,92 @@
+"""Generate every ``torch.library`` facet of an op from its :class:`OpSpec`.
+
+One call, :func:`register_op`, makes ``torch.ops.neuron.<name>``: the custom op (schema
+inferred from the type hints of ``spec.launch``), its fake impl (from ``output_shapes``),
+its autograd (``spec.autograd``) and its ``neuron``-device kernel. There is no parallel
+``autograd.Function``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from neuron_kernels.kernels.spec import OpSpec
+from neuron_kernels.simulator.limits import default_target
+from neuron_kernels.torch_ops import neuron_device, routing
+
+__all__ = ["NAMESPACE", "register_op", "op_signature"]
+
+NAMESPACE = "neuron"
+_REGISTERED: dict[str, object] = {}
+
+
+def op_signature(spec: OpSpec) -> inspect.Signature:
+    """The op's signature: ``spec.launch`` without its ``config`` and ``runner`` parameters."""
+    sig = inspect.signature(spec.launch)
+    params = [
+        p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for p in sig.parameters.values()
+        if p.name not in ("config", "runner")
+    ]
+    return sig.replace(parameters=params)
+
+
+def _tensors(args):
+    return [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def register_op(spec: OpSpec):
+    """Create ``torch.ops.neuron.<spec.name>`` (idempotent)."""
+    if spec.name in _REGISTERED:
+        return _REGISTERED[spec.name]
+    sig = op_signature(spec)
+
+    def bind(args, kwargs) -> tuple:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+
+    def default_impl(*args, **kwargs):
+        args = bind(args, kwargs)
+        spec.validate(*args)
+        device = _tensors(args)[0].device
+        if device.type == "cpu" and routing.current_cpu_mode() == "interpret":
+            choice = routing.select_config(spec, args, default_target().name)
+            return spec.launch(*args, config=choice.config, runner=routing.interpreter_runner)
+        return spec.reference(*args, upcast=False)
+
+    default_impl.__signature__ = sig
+    default_impl.__name__ = spec.name
+    default_impl.__doc__ = spec.description
+    op = torch.library.custom_op(f"{NAMESPACE}::{spec.name}", default_impl, mutates_args=())
+
+    def fake_impl(*args, **kwargs):
+        args = bind(args, kwargs)
+        spec.validate(*args)
+        device = _tensors(args)[0].device
+        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in spec.output_shapes(*args)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    op.register_fake(fake_impl)
+
+    def neuron_impl(*args, **kwargs):
+        args = bind(args, kwargs)
+        spec.validate(*args)
+        choice = routing.select_config(spec, args, neuron_device.device_target())
+        return spec.launch(*args, config=choice.config, runner=neuron_device.device_runner)
+
+    op.register_kernel(neuron_device.device_key(), neuron_impl)
+
+    if spec.autograd is not None:
+        save, backward = spec.autograd
+        names = list(sig.parameters)
+
+        def setup_context(ctx, inputs, output):
+            save(ctx, **dict(zip(names, inputs)), output=output)
+
+        op.register_autograd(backward, setup_context=setup_context)
+
+    _REGISTERED[spec.name] = op
+    return op

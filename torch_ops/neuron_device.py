@@ -1,0 +1,42 @@
+"""The one place that touches TorchNeuron (``torch_neuronx``): the ``neuron`` device.
+
+TorchNeuron registers PyTorch's PrivateUse1 backend under the name ``neuron``. Its
+``nki_op`` integration is only partly documented, so the ops register their neuron kernel
+through plain ``torch.library`` on that dispatch key and call the ``@nki.jit`` kernel with
+``neuron`` tensors, which the documented NKI PyTorch integration accepts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+__all__ = ["device_key", "device_runner", "device_target", "torch_neuronx_available"]
+
+
+def torch_neuronx_available() -> bool:
+    try:
+        importlib.import_module("torch_neuronx")  # registers the `neuron` device
+    except ImportError:
+        return False
+    return True
+
+
+def device_key() -> str:
+    """The device-type name of PrivateUse1 (``neuron`` once TorchNeuron is imported)."""
+    torch_neuronx_available()
+    return torch._C._get_privateuse1_backend_name()
+
+
+def device_target() -> str:
+    """The Trainium generation of this node (``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn2)."""
+    from neuron_kernels.simulator.limits import target_from_name
+
+    return target_from_name(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or "trn2").name
+
+
+def device_runner(kernel, *args, **kwargs):
+    """Run one jitted NKI kernel on ``neuron`` tensors (compiled by neuronx-cc)."""
+    return kernel(*args, **kwargs)
