@@ -82,20 +82,15 @@ class Simulation:
         **attrs,
     ) -> Instruction:
         """Append one instruction to the trace and mark the liveness of its operands."""
-        index = len(self.launch.trace.instructions)
-        read_acc = tuple(_touch(t, index) for t in reads)
-        write_acc = tuple(_touch(t, index) for t in writes)
+        instructions = self.launch.trace.instructions
+        index = len(instructions)
+        read_acc = tuple([_touch(t, index) for t in reads])
+        write_acc = tuple([_touch(t, index) for t in writes])
         ins = Instruction(
-            index=index,
-            api=api,
-            engine=engine,
-            reads=read_acc,
-            writes=write_acc,
-            program_id=self.program_id,
-            attrs=attrs,
-            name=name,
+            index=index, api=api, engine=engine, reads=read_acc, writes=write_acc,
+            program_id=self.program_id, attrs=attrs, name=name,
         )
-        self.launch.trace.instructions.append(ins)
+        instructions.append(ins)
         self.instruction_count += 1
         return ins
 

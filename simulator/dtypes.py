@@ -173,25 +173,37 @@ def _round_tf32(x: np.ndarray) -> np.ndarray:
 def convert(values: np.ndarray, name: str, precise_fp: bool = True) -> np.ndarray:
     """Convert computed values (fp32 math or exact integers) to the storage of ``name``.
 
-    Floats round to nearest even; float -> integer rounds half to even, saturates, and maps
-    NaN to 0; integer -> integer wraps (bit patterns, as the hardware's bitvec path).
+    Floats round to nearest even (ml_dtypes; out-of-range values follow ml_dtypes, as in
+    AWS's simulator: inf for bf16/fp16/e5m2, NaN for the no-inf fp8 formats); tf32 keeps 10
+    mantissa bits, rounding to nearest even. Float -> integer rounds half to even,
+    saturates and maps NaN to 0 (NKI 0.6 simulator fix, release-notes/components/nki.rst);
+    integer -> integer wraps (bit patterns, as the hardware's bitvec path). With
+    ``precise_fp=False`` sub-32-bit floats and tf32 stay fp32, unrounded (NKI_PRECISE_FP=0
+    "eliminates rounding and truncation effects", nki/guides/nki_simulator.rst).
     """
     d = DTYPES[name]
     target = storage_dtype(name, precise_fp)
     values = np.asarray(values)
+    src = values.dtype
     if d.is_float:
-        if values.dtype == target:
+        if src == target:
             out = values
         else:
-            out = values.astype(np.float32).astype(target) if values.dtype.kind in "fiub" else values.astype(target)
-        if name == "tfloat32":
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf/NaN is meant
+                if src.kind in "iub" or src == np.float64:
+                    # Engines hand over fp32: integers and fp64 pass through fp32 first (one
+                    # rounding from fp32, as the hardware's "to fp32, then to dst" conversions).
+                    out = values.astype(np.float32).astype(target)
+                else:
+                    out = values.astype(target)
+        if name == "tfloat32" and precise_fp:
             out = _round_tf32(out)
         return out
     if d.kind == "bool":
         return (values != 0).astype(np.uint8)
-    if values.dtype.kind == "f" or values.dtype == np.dtype(ml_dtypes.bfloat16):
-        v = np.asarray(values, dtype=np.float64)
-        v = np.where(np.isnan(v), 0.0, np.rint(v))
-        lo, hi = np.iinfo(target).min, np.iinfo(target).max
-        return np.clip(v, lo, hi).astype(target)
-    return values.astype(target)
+    if src.kind in "iub":
+        return values.astype(target)
+    v = np.asarray(values, dtype=np.float64)
+    v = np.where(np.isnan(v), 0.0, np.rint(v))
+    info_ = np.iinfo(target)
+    return np.clip(v, info_.min, info_.max).astype(target)

@@ -108,8 +108,10 @@ def run(
         args, kwargs: kernel arguments; NumPy arrays and torch CPU tensors become HBM tensors.
         target: ``trn1``/``trn2``/``trn3``; default ``NEURON_PLATFORM_TARGET_OVERRIDE`` or trn2.
         precise_fp: store low-precision floats through ml_dtypes; default ``NKI_PRECISE_FP``.
-        compute: False skips the arithmetic (values are meaningless) but keeps every check,
-            the liveness accounting and the trace; for profiling large shapes quickly.
+        compute: False skips the arithmetic but keeps every check, the liveness accounting,
+            the PSUM accumulation state and the trace; for profiling large shapes quickly.
+            Outputs then hold zeros and written inputs are not updated. Checks that depend on
+            values (transpose-mode identity) cannot run.
     """
     kernel = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
     kwargs = dict(kwargs or {})
@@ -126,10 +128,10 @@ def run(
     hosts: list[tuple[Any, NkiTensor]] = []
 
     def to_device(name, value):
-        if isinstance(value, list):
-            raise NkiValidationError(
-                "nki.jit", f"argument {name!r}", "must not be a list (pass a tuple)", "list"
-            )
+        _reject_lists(name, value)
+        for seen_value, seen in hosts:  # the same array passed twice is one HBM tensor
+            if seen_value is value:
+                return seen
         host = _host_array(name, value)
         if host is None:
             return value
@@ -152,9 +154,10 @@ def run(
         _check_outputs(result)
         peaks.append(check_capacity(sim))
 
-    for value, t in hosts:
-        if t._storage.written:
-            _write_back(value, t)
+    if compute:  # without arithmetic the values are meaningless: leave the inputs alone
+        for value, t in hosts:
+            if t._storage.written:
+                _write_back(value, t)
     outputs = _convert_outputs(result, framework)
     return Run(outputs=outputs, trace=launch.trace, target=tgt, grid=grid, memory=peaks)
 
@@ -170,42 +173,75 @@ _TORCH_VIEW = {"bfloat16": ("int16", ml_dtypes.bfloat16), "float8_e4m3fn": ("uin
                "float8_e5m2": ("uint8", ml_dtypes.float8_e5m2)}
 
 
+def _reject_lists(name, value) -> None:
+    """Kernel arguments may not be lists, also inside tuples (NKI language guide)."""
+    if isinstance(value, list):
+        raise NkiValidationError(
+            "nki.jit", f"argument {name!r}", "must not be a list (pass a tuple)", "list"
+        )
+    if isinstance(value, tuple):
+        for i, item in enumerate(value):
+            _reject_lists(f"{name}[{i}]", item)
+
+
 def _host_array(name, value) -> np.ndarray | None:
     if _is_torch(value):
         import torch
 
         t = value.detach()
         if t.device.type != "cpu":
-            raise NkiValidationError("nki.simulate", f"argument {name!r}", "must be a CPU tensor", str(t.device))
+            raise NkiValidationError(
+                "nki.simulate", f"argument {name!r}", "must be a CPU tensor", str(t.device)
+            )
         t = t.contiguous()
-        nki_name = dtypes.normalize(t.dtype, "nki.simulate")
+        try:
+            nki_name = dtypes.normalize(t.dtype, "nki.simulate")
+        except NkiValidationError:
+            raise NkiValidationError(
+                "nki.simulate", f"argument {name!r} dtype", "must be an NKI dtype (no float64/int64)",
+                t.dtype,
+            ) from None
         if nki_name in _TORCH_VIEW:
             int_name, np_type = _TORCH_VIEW[nki_name]
             return t.view(getattr(torch, int_name)).numpy().view(np_type)
+        if nki_name == "bool_":
+            return t.numpy().view(np.uint8)
         return t.numpy()
     if isinstance(value, np.ndarray):
-        if value.dtype not in (np.dtype(d.np_dtype) for d in dtypes.DTYPES.values() if d.np_dtype is not None):
+        try:
+            dtypes.normalize(value.dtype, "nki.simulate")
+        except NkiValidationError:
             raise NkiValidationError(
-                "nki.simulate", f"argument {name!r} dtype", "must be an NKI dtype (no float64/int64)", value.dtype
-            )
+                "nki.simulate", f"argument {name!r} dtype", "must be an NKI dtype (no float64/int64)",
+                value.dtype,
+            ) from None
         return value
     return None
 
 
 def _write_back(value, t: NkiTensor) -> None:
+    """Copy a written HBM argument back into the caller's array / tensor, in place."""
     data = t._storage.array.reshape(t._storage.shape)
     if _is_torch(value):
-
         value.data.copy_(_to_torch(data, t.dtype).reshape(value.shape))
     else:
-        value[...] = data.reshape(value.shape).astype(value.dtype, copy=False)
+        value[...] = _to_host_dtype(data, t.dtype).reshape(value.shape).astype(value.dtype, copy=False)
+
+
+def _to_host_dtype(array: np.ndarray, dtype: str) -> np.ndarray:
+    """The array in the NumPy type of ``dtype`` (bool for bool_, bfloat16 under
+    NKI_PRECISE_FP=0 where storage is widened to fp32)."""
+    if dtype == "bool_":
+        return array != 0
+    want = dtypes.storage_dtype(dtype, True)
+    return array if array.dtype == want else array.astype(want)
 
 
 def _to_torch(array: np.ndarray, dtype: str):
     import torch
 
-    array = np.ascontiguousarray(array)
-    if dtype in _TORCH_VIEW and array.dtype == np.dtype(_TORCH_VIEW[dtype][1]):
+    array = np.ascontiguousarray(_to_host_dtype(array, dtype))
+    if dtype in _TORCH_VIEW:
         int_name = _TORCH_VIEW[dtype][0]
         return torch.from_numpy(array.view(int_name).copy()).view(getattr(torch, dtype))
     return torch.from_numpy(array.copy())
@@ -229,7 +265,9 @@ def _convert_outputs(result, framework: str):
         if not isinstance(item, NkiTensor):
             return item
         array = item._read_raw()
-        return _to_torch(array, item.dtype) if framework == "torch" else array
+        if framework == "torch":
+            return _to_torch(array, item.dtype)
+        return _to_host_dtype(array, item.dtype)
 
     if isinstance(result, tuple):
         return tuple(convert(r) for r in result)
@@ -265,7 +303,9 @@ def _subset_violations(fn) -> tuple[str, ...]:
         return tuple(problems)
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare) and any(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops):
-            problems.append(f"line {node.lineno}: 'is'/'is not' is rejected by the NKI compiler (use == / !=)")
+            problems.append(
+                f"line {node.lineno}: 'is'/'is not' is rejected by the NKI compiler (use == / !=)"
+            )
             break
     return tuple(problems)
 

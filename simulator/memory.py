@@ -41,9 +41,11 @@ def psum_num_banks(target) -> int:
 
 def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray") -> NkiTensor:
     """A fresh tensor filled with the NaN / 4 sentinel."""
-    buffer = normalize_buffer(buffer, api)
+    if type(buffer) is not MemoryRegion:
+        buffer = normalize_buffer(buffer, api)
     dtype = dtypes.normalize(dtype, api)
-    if dtypes.info(dtype).kind == "packed":
+    info = dtypes.DTYPES[dtype]
+    if info.kind == "packed":
         raise not_implemented(f"nl.{dtype} tensors")
     if _is_int(shape):
         shape = (shape,)
@@ -51,11 +53,15 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
         shape = tuple(shape)
     except TypeError:
         raise NkiValidationError(api, "shape", "must be a tuple of positive ints", shape) from None
-    if not shape or not all(_is_int(n) and n >= 1 for n in shape):
+    for n in shape:
+        if type(n) is not int and not _is_int(n) or n < 1:
+            raise NkiValidationError(api, "shape", "must be a non-empty tuple of positive ints", shape)
+    if not shape:
         raise NkiValidationError(api, "shape", "must be a non-empty tuple of positive ints", shape)
-    shape = tuple(int(n) for n in shape)
+    shape = tuple(map(int, shape))
     target = sim.target
-    if buffer.on_chip:
+    on_chip = buffer is MemoryRegion.sbuf or buffer is MemoryRegion.psum
+    if on_chip:
         if shape[0] > target.pmax:
             raise NkiValidationError(
                 api,
@@ -65,9 +71,11 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
                 limit=target.pmax,
                 hint="tile the partition axis into 128-row tiles",
             )
-        per_partition = math.prod(shape[1:]) * dtypes.info(dtype).itemsize
-        cap = target.sbuf_usable_bytes if buffer is MemoryRegion.sbuf else target.psum_partition_bytes
-        what = "usable SBUF" if buffer is MemoryRegion.sbuf else "PSUM"
+        per_partition = math.prod(shape[1:]) * info.itemsize
+        if buffer is MemoryRegion.sbuf:
+            cap, what = target.sbuf_usable_bytes, "usable SBUF"
+        else:
+            cap, what = psum_num_banks(target) * target.psum_bank_bytes, "usable PSUM"
         if per_partition > cap:
             raise NkiValidationError(
                 api,
@@ -92,13 +100,17 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
             return NkiTensor._make(storage, shape, _contiguous_strides(shape), 0, dtype, storage.name)
     uid = launch.new_storage_id()
     storage = Storage(
-        uid, shape, dtype, buffer, name or f"{buffer.value}{uid}", launch.precise_fp, compute=launch.compute
+        uid, shape, dtype, buffer, name or f"{_PREFIX[buffer]}{uid}", launch.precise_fp,
+        compute=launch.compute,
     )
     if buffer is MemoryRegion.shared_hbm:
         launch.shared_allocations.append(storage)
-    if buffer.on_chip:
+    if on_chip:
         sim.on_chip.append(storage)
     return NkiTensor._make(storage, shape, _contiguous_strides(shape), 0, dtype, storage.name)
+
+
+_PREFIX = {b: b.value for b in MemoryRegion}
 
 
 @dataclass(frozen=True)
@@ -133,39 +145,51 @@ def _peak(storages, weight):
 
 
 def check_capacity(sim) -> MemoryPeak:
-    """Raise NkiValidationError if live SBUF bytes or PSUM banks ever exceed the target."""
+    """Raise NkiValidationError if live SBUF bytes or PSUM banks ever exceed the target.
+
+    A tile is live from the first instruction that touches it to the last one. SBUF is
+    counted in bytes per partition (every tile spans its free bytes in each partition, as the
+    allocator places a tile at one free offset across its partitions); PSUM in whole 2 KiB
+    banks per tile, since a matmul accumulation group owns its bank
+    (nki/guides/architecture/trainium_inferentia2_arch.rst, "Near-memory accumulation").
+    """
     target = sim.target
     sbuf = [s for s in sim.on_chip if s.buffer is MemoryRegion.sbuf]
     psum = [s for s in sim.on_chip if s.buffer is MemoryRegion.psum]
+    bank = target.psum_bank_bytes
     sbuf_peak, sbuf_at, sbuf_set = _peak(sbuf, lambda s: s.bytes_per_partition)
-    banks = lambda s: -(-s.bytes_per_partition // target.psum_bank_bytes)  # noqa: E731
-    psum_banks, psum_at, psum_set = _peak(psum, banks)
+    psum_banks, psum_at, psum_set = _peak(psum, lambda s: -(-s.bytes_per_partition // bank))
     psum_bytes, _, _ = _peak(psum, lambda s: s.bytes_per_partition)
     trace = sim.launch.trace.instructions
 
-    def where(at, live):
+    def where(at, live, unit):
         api = trace[at].api if 0 <= at < len(trace) else "?"
-        top = sorted(live, key=lambda s: -s.bytes_per_partition)[:4]
-        tiles = ", ".join(f"{s.name} {s.shape} {s.dtype} ({s.bytes_per_partition} B)" for s in top)
-        return f"peak at instruction #{at} ({api}); largest live tiles: {tiles}"
+        top = sorted(live, key=lambda s: (-s.bytes_per_partition, s.uid))[:4]
+        tiles = ", ".join(f"{s.name} {s.shape} {s.dtype} ({unit(s)})" for s in top)
+        more = f" and {len(live) - len(top)} more" if len(live) > len(top) else ""
+        return (f"peak at instruction #{at} ({api}) with {len(live)} live tiles; largest: "
+                f"{tiles}{more}")
 
     if sbuf_peak > target.sbuf_usable_bytes:
         raise NkiValidationError(
             "nki.simulate",
             "live SBUF bytes per partition",
-            f"must be <= {target.sbuf_usable_bytes} ({target.name} usable SBUF)",
+            f"must be <= {target.sbuf_usable_bytes} ({target.name} usable SBUF per partition)",
             sbuf_peak,
             limit=target.sbuf_usable_bytes,
-            hint=where(sbuf_at, sbuf_set),
+            hint=where(sbuf_at, sbuf_set, lambda s: f"{s.bytes_per_partition} B"),
         )
     n_banks = psum_num_banks(target)
     if psum_banks > n_banks:
+        live_bytes = sum(s.bytes_per_partition for s in psum_set)
         raise NkiValidationError(
             "nki.simulate",
             "live PSUM banks",
-            f"must be <= {n_banks} (2 KiB banks per partition on {target.name})",
+            f"must be <= {n_banks} ({bank} B banks per partition on {target.name})",
             psum_banks,
             limit=n_banks,
-            hint=where(psum_at, psum_set),
+            hint=f"{psum_banks} banks hold {live_bytes} live bytes per partition; "
+            + where(psum_at, psum_set, lambda s: f"{s.bytes_per_partition} B, "
+                    f"{-(-s.bytes_per_partition // bank)} bank(s)"),
         )
     return MemoryPeak(sbuf_peak, sbuf_at, psum_bytes, psum_banks, psum_at)

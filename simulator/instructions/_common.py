@@ -38,7 +38,10 @@ ENGINE_NAME = {
 # What each engine may read and write (nki-api-subset section 6.2).
 ENGINE_READS = {"tensor": SBUF, "vector": ON_CHIP, "scalar": ON_CHIP, "gpsimd": SBUF}
 ENGINE_WRITES = {"tensor": PSUM, "vector": ON_CHIP, "scalar": ON_CHIP, "gpsimd": SBUF}
-ENGINE_LABEL = {"tensor": "Tensor Engine", "vector": "Vector Engine", "scalar": "Scalar Engine", "gpsimd": "GpSimd Engine"}
+ENGINE_LABEL = {
+    "tensor": "Tensor Engine", "vector": "Vector Engine", "scalar": "Scalar Engine",
+    "gpsimd": "GpSimd Engine",
+}
 
 
 class NkiInstruction:
@@ -97,10 +100,12 @@ class Check:
         """An SBUF/PSUM operand of a compute engine: buffer, partitions, access pattern."""
         t = self.tensor(arg, t)
         allowed = (ENGINE_WRITES if write else ENGINE_READS)[eng]
-        self.buffer(arg, t, allowed, f"{ENGINE_LABEL[eng]} {'writes' if write else 'reads'} "
-                    f"{_buffer_names(allowed)}")
+        if t._storage.buffer not in allowed:  # message built only on failure (hot path)
+            self.buffer(arg, t, allowed, f"{ENGINE_LABEL[eng]} {'writes' if write else 'reads'} "
+                        f"{_buffer_names(allowed)}")
         self.partitions(arg, t)
-        self.start_partition(arg, t)
+        if self.target.start_partition_rule:
+            self.start_partition(arg, t)
         self.access_pattern(arg, t)
         if eng != "tensor":
             self.engine_free_size(arg, t)
@@ -241,6 +246,13 @@ class Check:
                       f"nisa.engine.{arg_value.name}")
         return name
 
+    def needs_nc_version(self, version: int, arg: str = "target") -> None:
+        """Generation gate: the instruction (or ``arg``) exists from NeuronCore-v``version``."""
+        tg = self.target
+        if tg.nc_version < version:
+            self.fail(arg, f"needs NeuronCore-v{version} or newer",
+                      f"{tg.name} (NeuronCore-v{tg.nc_version})", limit=version)
+
     def flag(self, arg: str, v) -> bool:
         if not isinstance(v, (bool, np.bool_)):
             self.fail(arg, "must be a bool", repr(v))
@@ -252,12 +264,15 @@ class Check:
 
 def _canonical_free_dims(t: NkiTensor) -> list[tuple[int, int]]:
     """Free dims with size-1 dims dropped and contiguous neighbours merged."""
-    dims = [(n, s) for n, s in zip(t.shape[1:], t.strides[1:]) if n != 1]
     merged: list[tuple[int, int]] = []
-    for n, s in dims:
+    shape, strides = t.shape, t.strides
+    for i in range(1, len(shape)):
+        n = shape[i]
+        if n == 1:
+            continue
+        s = strides[i]
         if merged and merged[-1][1] == n * s:
-            pn, _ = merged[-1]
-            merged[-1] = (pn * n, s)
+            merged[-1] = (merged[-1][0] * n, s)
         else:
             merged.append((n, s))
     return merged

@@ -31,7 +31,7 @@ def _priority(check: Check, priority) -> None:
         return
     if not check.target.has_dma_priority:
         check.fail("priority", "needs NeuronCore-v4 or newer", f"{priority} on {check.target.name}")
-    if not isinstance(priority, int) or not 0 <= priority <= 3:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 3:
         check.fail("priority", "must be an int in 0..3", priority, limit=(0, 3))
 
 
@@ -56,9 +56,11 @@ def dma_copy(dst, src, priority=None, oob_mode=OobMode.error, dge_mode=DgeMode.u
         check.fail("engine", "must be an nisa.engine member", repr(engine))
     if engine is not Engine.unknown:
         if mode != "hwdge":
-            check.fail("engine", "may only be set with dge_mode=nisa.dge_mode.hwdge", f"nisa.engine.{engine.name}")
+            check.fail("engine", "may only be set with dge_mode=nisa.dge_mode.hwdge",
+                       f"nisa.engine.{engine.name}")
         if engine not in (Engine.sync, Engine.scalar):
-            check.fail("engine", "must be nisa.engine.sync or nisa.engine.scalar", f"nisa.engine.{engine.name}")
+            check.fail("engine", "must be nisa.engine.sync or nisa.engine.scalar",
+                       f"nisa.engine.{engine.name}")
     if dst.size != src.size:
         check.fail("dst element count", f"must equal src's ({src.size})", dst.size, limit=src.size)
     if mode == "hwdge" and dst.dtype != src.dtype:
@@ -67,9 +69,9 @@ def dma_copy(dst, src, priority=None, oob_mode=OobMode.error, dge_mode=DgeMode.u
         if t.on_chip:
             check.partitions(arg, t)
     if dst.dtype == src.dtype:
-        dst._write(src._read_raw(), raw=True)
-    else:
-        dst._write(src._read_f32())
+        dst._copy_raw_from(src)
+    else:  # src -> fp32 -> dst, one rounding into dst.dtype
+        dst._write(src._read_f32() if check.compute else None)
     return check.record(
         "dma", [src], [dst], name, dge_mode=mode, cast=dst.dtype != src.dtype,
         trigger=engine.name if engine is not Engine.unknown else None,
@@ -96,8 +98,11 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=DgeMode.unknown, 
     if mode not in ("unknown", "hwdge"):
         check.fail("dge_mode", "must be unknown or hwdge for a direct transpose", mode)
     _priority(check, priority)
-    if oob_mode is not OobMode.error:
-        check.fail("oob_mode", "skip is only valid with indirect source access", repr(oob_mode))
+    if not isinstance(oob_mode, OobMode):
+        check.fail("oob_mode", "must be an nisa.oob_mode member", repr(oob_mode))
+    if oob_mode is OobMode.skip:
+        check.fail("oob_mode", "skip is only valid with indirect (vector/scalar offset) source access",
+                   "skip")
     if src.ndim not in _TRANSPOSE_AXES:
         check.fail("src rank", "must be 2, 3 or 4", src.ndim, limit=(2, 3, 4))
     perm = _TRANSPOSE_AXES[src.ndim]
@@ -109,18 +114,29 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=DgeMode.unknown, 
     if dst.shape != want:
         check.fail("dst shape", f"must be the permuted src shape {want}", dst.shape)
     if dst.dtype != src.dtype:
-        check.fail("dst dtype", f"must equal src dtype ({src.dtype})", dst.dtype)
-    if src.itemsize != 2:
-        check.fail("src dtype", "must be a 2-byte dtype", src.dtype, limit=2)
+        check.fail("dst dtype", f"must equal src dtype ({src.dtype})", dst.dtype, limit=src.dtype)
+    # [CONFLICT] The API lists "src.dtype is 2 bytes" under the hwdge restrictions; the Trn2
+    # guide says DMA transpose is bit-accurate for 2- and 4-byte types. We require 2 bytes
+    # with hwdge and 2 or 4 bytes otherwise.
+    sizes = (2,) if mode == "hwdge" else (2, 4)
+    if src.itemsize not in sizes:
+        what = "2-byte" if mode == "hwdge" else "2- or 4-byte"
+        check.fail("src dtype", f"must be a {what} dtype ({mode} DMA transpose)", src.dtype,
+                   limit=sizes)
     if src.shape[-1] > 128:
         check.fail("src.shape[-1]", "must be <= 128", src.shape[-1], limit=128)
     if mode == "hwdge":
         lead = src.shape[0]
         if src.ndim == 2 and lead != 16:
             check.fail("src.shape[0]", "must be 16 for a 2-D hwdge transpose", lead, limit=16)
-        if src.ndim > 2 and (lead not in (1, 2, 4, 8, 16) or (lead * src.shape[-2]) % 16):
-            check.fail("src.shape[0]", "must be in {1,2,4,8,16} with src.shape[0]*src.shape[-2] % 16 == 0",
-                       lead)
+        if src.ndim > 2 and lead not in (1, 2, 4, 8, 16):
+            check.fail("src.shape[0]", "must be one of (1, 2, 4, 8, 16) for a 3-D/4-D hwdge transpose",
+                       lead, limit=(1, 2, 4, 8, 16))
+        if src.ndim > 2 and (lead * src.shape[-2]) % 16:
+            check.fail("src.shape[0] * src.shape[-2]", "must be a multiple of 16 for a 3-D/4-D hwdge "
+                       "transpose", lead * src.shape[-2], limit=16)
     check.partitions("dst", dst)
-    dst._write(np.transpose(src._read_raw(), perm), raw=True)
+    if src.on_chip:
+        check.partitions("src", src)
+    dst._write(np.transpose(src._read_raw(), perm) if check.compute else None, raw=True)
     return check.record("dma", [src], [dst], name, dge_mode=mode, transpose=True)

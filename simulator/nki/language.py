@@ -100,10 +100,51 @@ tile_size = _TileSize()
 
 # -- creation -----------------------------------------------------------------------------
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
-    """Allocate a tensor; contents are uninitialised (NaN for floats, 4 for integers)."""
+    """Allocate a tensor; contents are uninitialised (NaN for floats, 4 for integers).
+
+    ``address=(partition_offset, free_offset)`` is validated and otherwise ignored: like
+    AWS's simulator, the interpreter does not model placement (capacity is checked over
+    live intervals instead, see memory.py).
+    """
+    t = _allocate(_current(), shape, dtype, buffer, name)
     if address is not None:
-        raise _not_implemented("nl.ndarray(address=...) (explicit placement)")
-    return _allocate(_current(), shape, dtype, buffer, name)
+        _check_address(t, address)
+    return t
+
+
+def _check_address(t, address) -> None:
+    """[CONFLICT] The free offset counts bytes, as nki-library pins PSUM banks with
+    ``(0, bank * 2048)``; the 0.2 migration text calls it an element offset."""
+    api = "nl.ndarray"
+    # (builtins such as all/max/sum are shadowed in this module by the nl operators)
+    ok = isinstance(address, tuple) and len(address) == 2 and not [
+        v for v in address
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0]
+    if not ok:
+        raise _NkiValidationError(api, "address", "must be a (partition_offset, free_offset) tuple "
+                                  "of non-negative ints", address)
+    if not t.on_chip:
+        raise _NkiValidationError(api, "address", "is only meaningful for SBUF/PSUM tensors",
+                                  t.buffer.value)
+    target = _current().target
+    p_off, f_off = int(address[0]), int(address[1])
+    if p_off + t.shape[0] > target.pmax:
+        raise _NkiValidationError(api, "address partition_offset",
+                                  f"must keep the {t.shape[0]} partitions within {target.pmax}",
+                                  p_off, limit=target.pmax - t.shape[0])
+    nbytes = t._storage.bytes_per_partition
+    if t.buffer is psum:
+        cap = _psum_num_banks(target) * target.psum_bank_bytes
+        if f_off % target.psum_bank_bytes:
+            raise _NkiValidationError(api, "address free_offset",
+                                      f"must start a PSUM bank (a multiple of {target.psum_bank_bytes} "
+                                      "bytes)", f_off, limit=target.psum_bank_bytes)
+    else:
+        cap = target.sbuf_usable_bytes
+    if f_off + nbytes > cap:
+        raise _NkiValidationError(api, "address free_offset", f"must leave room for the tile's "
+                                  f"{nbytes} bytes per partition within {cap}", f_off,
+                                  limit=cap - nbytes)
 
 
 zeros = _ops.zeros
@@ -145,26 +186,40 @@ def no_reorder():
 
 # -- SPMD -----------------------------------------------------------------------------------
 def program_id(axis=0):
+    """Index of this program along ``axis`` of the launch grid; 0 with no grid."""
     sim = _current()
     if not sim.program_id:
         return 0
-    if not 0 <= axis < len(sim.program_id):
-        raise _NkiValidationError("nl.program_id", "axis", f"must be in [0, {len(sim.program_id)})", axis)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or \
+            not 0 <= axis < len(sim.program_id):
+        raise _NkiValidationError(
+            "nl.program_id", "axis", f"must be in [0, {len(sim.program_id)})", axis
+        )
     return sim.program_id[axis]
 
 
 def num_programs(axes=0):
+    """Programs along ``axes`` (an int or a tuple of ints; None: the whole grid); 1 with no grid.
+
+    [CONFLICT] The stub's default is ``axes=0`` while its text says "if not provided, returns
+    the total"; we follow the signature (axis 0). Both agree on 1-D (LNC) grids.
+    """
     grid = _current().launch.grid
     if not grid:
         return 1
-    if isinstance(axes, (tuple, list)):
+    if axes is None:
+        return int(np.prod(grid))
+    many = isinstance(axes, (tuple, list))
+    for a in axes if many else (axes,):
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= a < len(grid):
+            raise _NkiValidationError("nl.num_programs", "axes", f"must be in [0, {len(grid)})", axes)
+    if many:
         return int(np.prod([grid[a] for a in axes]))
-    if not 0 <= axes < len(grid):
-        raise _NkiValidationError("nl.num_programs", "axes", f"must be in [0, {len(grid)})", axes)
     return grid[axes]
 
 
 def program_ndim():
+    """Dimensions of the launch grid; 0 with no grid."""
     return len(_current().launch.grid)
 
 
