@@ -15,6 +15,7 @@ import sys
 SUBCOMMANDS = {
     "demo": ("neuron_kernels.demo", "run an NKI kernel on the interpreter and check its result"),
     "profile": ("neuron_kernels.simulator.profile_cli", "modeled profile of an op on a target (cost model)"),
+    "calibrate": ("neuron_kernels.simulator.calibrate_cli", "cost model vs published hardware; fit it to yours"),
 }
 
 

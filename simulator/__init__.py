@@ -8,9 +8,11 @@ from neuron_kernels.simulator import nki
 from neuron_kernels.simulator.errors import NkiValidationError, NotImplementedBySimulator
 from neuron_kernels.simulator.launch import Kernel, Run, run
 from neuron_kernels.simulator.limits import TARGETS, Target, default_target, target_from_name
+from neuron_kernels.simulator.profile import profile
 from neuron_kernels.simulator.trace import Access, Instruction, Trace
 
 __all__ = [
     "nki", "run", "Run", "Kernel", "NkiValidationError", "NotImplementedBySimulator",
     "Target", "TARGETS", "default_target", "target_from_name", "Access", "Instruction", "Trace",
+    "profile",
 ]
