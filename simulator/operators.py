@@ -9,14 +9,14 @@ aws-neuron/aws-neuron-sdk: nki/api/nki.api.shared.rst (tbl-aluop, tbl-act-func).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
 from neuron_kernels.simulator.errors import not_implemented
 
-__all__ = ["Operator", "OPERATORS", "REDUCTION_ALIASES"]
+__all__ = ["OPERATORS", "REDUCTION_ALIASES", "Operator"]
 
 F32 = np.float32
 
@@ -57,13 +57,16 @@ class Operator:
         return self.alu in ("bitvec", "bitvec_unary")
 
     def activate(self, x: np.ndarray) -> np.ndarray:
-        """Apply the activation in fp32; inputs outside the valid range give NaN."""
+        """Apply the activation to fp32 inputs, rounding once to fp32; inputs outside the
+        valid range give NaN (the hardware's output is invalid there). The bounds are
+        compared as fp32 values, so fp32(pi) is inside sin's [-pi, pi]."""
+        x = np.asarray(x, dtype=F32)
         with np.errstate(all="ignore"):
-            y = np.asarray(self.fn1(x.astype(F32)), dtype=F32)
+            y = np.asarray(self.fn1(x.astype(np.float64)), dtype=F32)
             if self.valid_range is not None:
-                lo, hi = self.valid_range
+                lo, hi = (F32(b) for b in self.valid_range)
                 mag = np.abs(x) if self.symmetric_range else x
-                y = np.where((mag >= lo) & (mag <= hi), y, np.float32(np.nan))
+                y = np.where((mag >= lo) & (mag <= hi), y, F32(np.nan))
         return y
 
 
@@ -80,27 +83,33 @@ def _sigmoid(x):
 
 
 _erf = np.frompyfunc(math.erf, 1, 1)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
 
 
 def _erf64(x):
     return _erf(np.asarray(x, dtype=np.float64)).astype(np.float64)
 
 
+def _phi_cdf(x64):
+    """Standard normal CDF via erfc: no cancellation in the negative tail."""
+    return 0.5 * _erfc(-x64 / math.sqrt(2.0)).astype(np.float64)
+
+
 def _gelu(x):
     x64 = x.astype(np.float64)
-    return 0.5 * x64 * (1.0 + _erf64(x64 / math.sqrt(2.0)))
+    return x64 * _phi_cdf(x64)
 
 
 def _gelu_dx(x):
     x64 = x.astype(np.float64)
-    return 0.5 * (1.0 + _erf64(x64 / math.sqrt(2.0))) + x64 * np.exp(-0.5 * x64 * x64) / math.sqrt(
-        2.0 * math.pi
-    )
+    return _phi_cdf(x64) + x64 * np.exp(-0.5 * x64 * x64) / math.sqrt(2.0 * math.pi)
 
 
 def _gelu_tanh(x):
+    """0.5 x (1 + tanh(u)) written as x * sigmoid(2u), which does not cancel for u << 0."""
     x64 = x.astype(np.float64)
-    return 0.5 * x64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
+    u = math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)
+    return x64 / (1.0 + np.exp(-2.0 * u))
 
 
 def _gelu_sigmoid(x):
@@ -179,14 +188,23 @@ _OPS = [
     # Unary ALU ops that are also activation functions.
     Operator("abs", "arith_unary", fn1=np.abs, activation=True),
     Operator("square", "arith_unary", fn1=np.square, activation=True, alu_min_version=4),
-    Operator("relu", "arith_unary", fn1=lambda x: np.maximum(x, 0), activation=True, alu_min_version=4),
     Operator(
-        "rsqrt", "arith_unary", fn1=lambda x: 1.0 / np.sqrt(x.astype(np.float64)), activation=True,
+        "relu", "arith_unary", fn1=lambda x: np.maximum(x, 0), activation=True, alu_min_version=4
+    ),
+    Operator(
+        "rsqrt",
+        "arith_unary",
+        fn1=lambda x: 1.0 / np.sqrt(x.astype(np.float64)),
+        activation=True,
         valid_range=(2.0**-87, 2.0**97),
     ),
     Operator(
-        "reciprocal", "arith_unary", fn1=lambda x: 1.0 / x.astype(np.float64), activation=True,
-        valid_range=(2.0**-42, 2.0**42), symmetric_range=True,
+        "reciprocal",
+        "arith_unary",
+        fn1=lambda x: 1.0 / x.astype(np.float64),
+        activation=True,
+        valid_range=(2.0**-42, 2.0**42),
+        symmetric_range=True,
     ),
     # Activation functions (ScalarE).
     Operator("copy", fn1=lambda x: x, activation=True),
@@ -203,12 +221,26 @@ _OPS = [
     Operator("softplus", fn1=_softplus, activation=True),
     Operator("mish", fn1=_mish, activation=True),
     Operator("erf", fn1=_erf64, activation=True),
-    Operator("erf_dx", fn1=lambda x: 2.0 / math.sqrt(math.pi) * np.exp(-x.astype(np.float64) ** 2), activation=True),
+    Operator(
+        "erf_dx",
+        fn1=lambda x: 2.0 / math.sqrt(math.pi) * np.exp(-(x.astype(np.float64) ** 2)),
+        activation=True,
+    ),
     Operator("exp", fn1=lambda x: np.exp(x.astype(np.float64)), activation=True),
-    Operator("log", fn1=lambda x: np.log(x.astype(np.float64)), activation=True, valid_range=(2.0**-64, 2.0**64)),
+    Operator(
+        "log",
+        fn1=lambda x: np.log(x.astype(np.float64)),
+        activation=True,
+        valid_range=(2.0**-64, 2.0**64),
+    ),
     Operator("sin", fn1=np.sin, activation=True, valid_range=(-math.pi, math.pi)),
     Operator("arctan", fn1=np.arctan, activation=True, valid_range=(-math.pi / 2, math.pi / 2)),
-    Operator("sqrt", fn1=lambda x: np.sqrt(x.astype(np.float64)), activation=True, valid_range=(2.0**-116, 2.0**118)),
+    Operator(
+        "sqrt",
+        fn1=lambda x: np.sqrt(x.astype(np.float64)),
+        activation=True,
+        valid_range=(2.0**-116, 2.0**118),
+    ),
     Operator("sign", fn1=np.sign, activation=True),
     # Neither ALU op nor activation: nl-level functions and special markers.
     Operator("divide"),

@@ -12,19 +12,24 @@ from neuron_kernels.simulator.errors import NkiValidationError
 from neuron_kernels.simulator.errors import not_implemented as _not_implemented
 from neuron_kernels.simulator.instructions._common import NkiInstruction
 from neuron_kernels.simulator.instructions.dma import dma_copy, dma_transpose
-from neuron_kernels.simulator.instructions.gpsimd import affine_select, iota
+from neuron_kernels.simulator.instructions.gpsimd import affine_select, iota, tensor_partition_reduce
 from neuron_kernels.simulator.instructions.scalar import activation, activation_reduce
 from neuron_kernels.simulator.instructions.tensor_engine import nc_matmul, nc_transpose
 from neuron_kernels.simulator.instructions.vector import (
     bn_aggr,
     bn_stats,
+    exponential,
+    max8,
     memset,
+    range_select,
     reciprocal,
     scalar_tensor_tensor,
+    select_reduce,
     tensor_copy,
     tensor_copy_predicated,
     tensor_reduce,
     tensor_scalar,
+    tensor_scalar_cumulative,
     tensor_scalar_reduce,
     tensor_tensor,
     tensor_tensor_scan,
@@ -56,15 +61,16 @@ __all__ = [
     "dma_copy", "dma_transpose", "tensor_copy", "memset", "nc_matmul", "nc_transpose",
     "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "tensor_reduce", "tensor_scalar_reduce",
     "activation", "activation_reduce", "reciprocal", "iota", "affine_select", "bn_stats", "bn_aggr",
-    "tensor_tensor_scan", "tensor_copy_predicated",
+    "tensor_tensor_scan", "tensor_copy_predicated", "tensor_partition_reduce",
+    "tensor_scalar_cumulative", "exponential", "max8", "range_select", "select_reduce",
 ]
 
 # APIs of NKI 0.6 the interpreter does not implement (they raise NotImplementedError).
 _KNOWN = {
-    "VirtualRegister", "nc_matmul_mx", "tensor_partition_reduce", "tensor_scalar_cumulative", "activate2",
+    "VirtualRegister", "nc_matmul_mx", "activate2",
     "local_gather", "nc_n_gather", "nc_stream_shuffle", "rng", "dropout", "set_rng_seed", "rand_set_state",
-    "rand_get_state", "rand2", "exponential", "max8", "sequence_bounds", "core_barrier", "dma_compute",
-    "quantize_mx", "range_select", "select_reduce", "sendrecv", "register_alloc", "register_move",
+    "rand_get_state", "rand2", "sequence_bounds", "core_barrier", "dma_compute",
+    "quantize_mx", "sendrecv", "register_alloc", "register_move",
     "register_load", "register_store", "nc_find_index8", "nc_match_replace8", "nonzero_with_count", "topk",
 }
 
