@@ -201,6 +201,9 @@ class Check:
         value or ``(P, 1)`` array ready to broadcast along the free dims."""
         if isinstance(v, NkiTensor):
             self.buffer(arg, v, ON_CHIP)
+            self.partitions(arg, v)
+            self.start_partition(arg, v)
+            self.access_pattern(arg, v)
             if v.partitions != partitions or v.elems_per_partition != 1:
                 self.fail(f"{arg} shape", f"must be ({partitions}, 1)", v.shape)
             if fp32 and v.dtype != "float32":

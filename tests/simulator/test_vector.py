@@ -1835,3 +1835,26 @@ def test_max8_limits():
     expect_error(
         lambda: nisa.max8(dst=tile((3, 8)), src=tile((4, 16))), arg="dst partition dimension", **E
     )
+
+
+def test_operand_column_obeys_the_start_partition_rule_on_trn1():
+    """A (P, 1) operand tile is an engine operand too: on trn1 a 64-partition column must
+    start at partition 0 or 64 (trainium_inferentia2_arch.rst, "Data streaming")."""
+    from neuron_kernels.backend import nl, nisa
+    import pytest
+
+    from neuron_kernels.simulator import NkiValidationError, run
+
+    def kernel(x):
+        col = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=col, value=1.0)
+        t = nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=t, value=0.0)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=col[32:96])
+        return x
+
+    import numpy as np
+
+    with pytest.raises(NkiValidationError) as err:
+        run(kernel, (np.zeros((1, 1), np.float32),), target="trn1")
+    assert err.value.arg == "operand0 start partition" and err.value.value == 32
