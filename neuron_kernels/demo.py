@@ -1,9 +1,10 @@
-"""``neuron-kernels demo``: run two small NKI kernels on the interpreter and check them.
+"""``neuron-kernels demo``: run the library's NKI kernels on the interpreter and check them.
 
-The embedded default: a tiled matmul (K accumulated in PSUM) and an SPMD tiled add, on
-fixed-seed inputs, each compared with NumPy in float64. Prints one line per kernel (max
-error, tolerance, PASS/FAIL, instruction count, target) and returns non-zero on a failure.
-The kernels are copies of ``examples/tiled_matmul.py`` and ``examples/spmd_tensor_add.py``.
+The embedded default job: every registered op, on fixed-seed inputs of a preset size and
+in each of its dtypes, runs its NKI kernel (default config) on the portable interpreter,
+is compared with its fp64 reference within the op's declared tolerance, and its run is
+scheduled on the cost model. Prints one line per run (max error, tolerance, PASS/FAIL,
+instruction count, modeled latency) and returns non-zero on a failure.
 """
 
 from __future__ import annotations
@@ -11,177 +12,86 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-import numpy as np
+import torch
 
 from neuron_kernels import backend
-from neuron_kernels.backend import nisa, nki, nl
 
-__all__ = ["SIZES", "add_arguments", "main", "run_checks"]
+__all__ = ["SIZES", "TOLERANCE_SCALE", "add_arguments", "main", "run_checks"]
 
-# --size presets: matmul (M, K, N) and add (rows, cols). Every dimension leaves a remainder tile.
+# --size presets: a problem per op; every dimension of "small" leaves a remainder tile.
 SIZES = {
-    "small": {"matmul": (300, 200, 700), "add": (300, 700)},
-    "medium": {"matmul": (700, 600, 1100), "add": (1000, 1100)},
+    "small": {"matmul": {"m": 300, "n": 700, "k": 200}},
+    "medium": {"matmul": {"m": 1024, "n": 1024, "k": 1024}},
 }
-# float32 tolerances, fixed before looking at results: matmul inputs are exact, products
-# accumulate in fp32 PSUM; the add is one fp32 rounding, as NumPy's, so it must match exactly.
-MATMUL_TOL = (1e-4, 1e-4)  # (atol, rtol)
-ADD_TOL = (0.0, 0.0)
-SPMD_GRID = 2  # as LNC=2 on Trn2
-
-
-@nki.jit
-def tiled_matmul(lhsT, rhs):
-    """``lhsT[K, M].T @ rhs[K, N]``: 128 x 512 output tiles, K summed in one PSUM tile."""
-    K, M = lhsT.shape
-    N = rhs.shape[1]
-    result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm, name="result")
-    tile_k = nl.tile_size.pmax  # contraction per matmul: the partitions
-    tile_m = nl.tile_size.gemm_stationary_fmax  # 128
-    tile_n = nl.tile_size.gemm_moving_fmax  # 512: one fp32 PSUM bank
-    n_k = (K + tile_k - 1) // tile_k
-    for m0 in range(0, M, tile_m):
-        ms = min(tile_m, M - m0)
-        for n0 in range(0, N, tile_n):
-            ns = min(tile_n, N - n0)
-            acc = nl.ndarray((ms, ns), dtype=nl.float32, buffer=nl.psum, name="acc")
-            for k in range(n_k):
-                k0 = k * tile_k
-                ks = min(tile_k, K - k0)
-                lhsT_tile = nl.ndarray((ks, ms), dtype=lhsT.dtype, buffer=nl.sbuf, name="lhsT_tile")
-                rhs_tile = nl.ndarray((ks, ns), dtype=rhs.dtype, buffer=nl.sbuf, name="rhs_tile")
-                nisa.dma_copy(dst=lhsT_tile, src=lhsT[k0 : k0 + ks, m0 : m0 + ms])
-                nisa.dma_copy(dst=rhs_tile, src=rhs[k0 : k0 + ks, n0 : n0 + ns])
-                nisa.nc_matmul(dst=acc, stationary=lhsT_tile, moving=rhs_tile, accumulate=(k > 0))
-            out_tile = nl.ndarray((ms, ns), dtype=result.dtype, buffer=nl.sbuf, name="out_tile")
-            nisa.tensor_copy(dst=out_tile, src=acc)  # DMA cannot read PSUM
-            nisa.dma_copy(dst=result[m0 : m0 + ms, n0 : n0 + ns], src=out_tile)
-    return result
-
-
-@nki.jit
-def tensor_add(a, b):
-    """``a + b`` for ``[rows, cols]`` tensors; program ``i`` of the grid takes row tiles i, i+grid, ..."""
-    rows, cols = a.shape
-    out = nl.ndarray((rows, cols), dtype=a.dtype, buffer=nl.shared_hbm, name="out")
-    tile_p, tile_f = nl.tile_size.pmax, 512
-    for t in range(nl.program_id(0), (rows + tile_p - 1) // tile_p, nl.num_programs(0)):
-        r0 = t * tile_p
-        rs = min(tile_p, rows - r0)
-        for c0 in range(0, cols, tile_f):
-            cs = min(tile_f, cols - c0)
-            a_tile = nl.ndarray((rs, cs), dtype=a.dtype, buffer=nl.sbuf, name="a_tile")
-            b_tile = nl.ndarray((rs, cs), dtype=b.dtype, buffer=nl.sbuf, name="b_tile")
-            nisa.dma_copy(dst=a_tile, src=a[r0 : r0 + rs, c0 : c0 + cs])
-            nisa.dma_copy(dst=b_tile, src=b[r0 : r0 + rs, c0 : c0 + cs])
-            sum_tile = nl.ndarray((rs, cs), dtype=out.dtype, buffer=nl.sbuf, name="sum_tile")
-            nisa.tensor_tensor(dst=sum_tile, data1=a_tile, data2=b_tile, op=nl.add)
-            nisa.dma_copy(dst=out[r0 : r0 + rs, c0 : c0 + cs], src=sum_tile)
-    return out
+TOLERANCE_SCALE = 1.0  # tests set 0 to see the demo fail
 
 
 @dataclass(frozen=True)
 class Check:
-    """The outcome of one kernel run against its NumPy reference."""
+    """The outcome of one kernel run against its reference."""
 
-    kernel: str
-    shape: str
+    op: str
+    problem: str
+    dtype: str
     max_abs_err: float
     atol: float
     rtol: float
     passed: bool
     instructions: int
+    modeled_us: float
     target: str
 
 
-def _check(kernel, args, expected, tol, label, shape, target) -> Check:
-    from neuron_kernels.simulator import run
-
-    r = run(kernel, args, target=target)
-    out = np.asarray(r.outputs, dtype=np.float64)
-    atol, rtol = tol
-    if out.shape != expected.shape:
-        err, ok = float("inf"), False
-    else:
-        diff = np.abs(out - expected)  # NaN (unwritten memory) fails the <= test below
-        err = float(np.max(diff))
-        ok = bool(np.all(diff <= atol + rtol * np.abs(expected)))
-    return Check(label, shape, err, atol, rtol, ok, len(r.trace), r.target.name)
-
-
 def run_checks(target: str = "trn2", size: str = "small", seed: int = 0) -> list[Check]:
-    """Run both demo kernels on the interpreter for ``target``; returns one :class:`Check` each."""
-    rng = np.random.default_rng(seed)
-    m, k, n = SIZES[size]["matmul"]
-    lhsT = rng.standard_normal((k, m), dtype=np.float32)
-    rhs = rng.standard_normal((k, n), dtype=np.float32)
-    expected = lhsT.astype(np.float64).T @ rhs.astype(np.float64)
-    mm = _check(
-        tiled_matmul,
-        (lhsT, rhs),
-        expected,
-        MATMUL_TOL,
-        "tiled_matmul",
-        f"M={m} K={k} N={n} fp32",
-        target,
-    )
+    """Run every registered op in every dtype on the interpreter for ``target``."""
+    from neuron_kernels.kernels import REGISTRY
+    from neuron_kernels.simulator.profile import Profiler
 
-    rows, cols = SIZES[size]["add"]
-    a = rng.standard_normal((rows, cols), dtype=np.float32)
-    b = rng.standard_normal((rows, cols), dtype=np.float32)
-    add = _check(
-        tensor_add[SPMD_GRID],
-        (a, b),
-        (a + b).astype(np.float64),
-        ADD_TOL,
-        f"tensor_add[{SPMD_GRID}]",
-        f"{rows}x{cols} fp32",
-        target,
-    )
-    return [mm, add]
+    checks = []
+    for name, spec in sorted(REGISTRY.items()):
+        problem = SIZES[size][name]
+        for dtype in spec.dtypes:
+            args = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
+            profiler = Profiler(target=target, compute=True)
+            out = spec.launch(*args, config=spec.config.default(), runner=profiler)
+            ref = spec.reference(*args, upcast=True)
+            tol = spec.tolerances[dtype]
+            atol, rtol = tol.atol * TOLERANCE_SCALE, tol.rtol * TOLERANCE_SCALE
+            diff = (out.double() - ref).abs()  # NaN (unwritten memory) fails the test below
+            passed = bool((diff <= atol + rtol * ref.abs()).all())
+            report = profiler.report()
+            checks.append(Check(
+                name, " ".join(f"{k}={v}" for k, v in problem.items()), dtype, float(diff.max()), atol, rtol,
+                passed, sum(len(lp.run.trace) for lp in report.launches), report.latency_ns / 1e3, target,
+            ))
+    return checks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--target",
-        choices=("trn1", "trn2", "trn3"),
-        default=None,
-        help="NeuronCore generation to model (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)",
-    )
-    parser.add_argument(
-        "--size", choices=sorted(SIZES), default="small", help="input size preset (default small)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="NumPy seed of the inputs (default 0)")
+    parser.add_argument("--target", choices=("trn1", "trn2", "trn3"), default=None,
+                        help="NeuronCore generation (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="small", help="problem size preset (default small)")
+    parser.add_argument("--seed", type=int, default=0, help="torch seed of the inputs (default 0)")
 
 
 def main(args: argparse.Namespace) -> int:
     if backend.name != "interpreter":
-        print(
-            f"neuron-kernels demo runs on the interpreter, but the NKI backend is "
-            f"{backend.name!r}; rerun with {backend.BACKEND_ENV}=interpreter"
-        )
+        print(f"neuron-kernels demo runs on the interpreter, but the NKI backend is {backend.name!r}; "
+              f"rerun with {backend.BACKEND_ENV}=interpreter")
         return 2
     from neuron_kernels.simulator import default_target
 
     target = args.target or default_target().name
-    print(
-        f"neuron-kernels demo: NKI kernels on the portable interpreter (target {target}, "
-        f"size {args.size}, seed {args.seed}), checked against NumPy float64"
-    )
+    print(f"neuron-kernels demo: the library's NKI kernels on the portable interpreter (target {target}, "
+          f"size {args.size}, seed {args.seed}), checked against their fp64 references")
     checks = run_checks(target=target, size=args.size, seed=args.seed)
-    print(
-        f"  {'kernel':<14} {'shape':<24} {'max abs err':>11}  {'tolerance':<23} {'instructions':>12}  result"
-    )
+    print(f"  {'op':<8} {'problem':<22} {'dtype':<9} {'max abs err':>11}  {'tolerance':<24} "
+          f"{'instructions':>12}  {'latency (modeled)':>17}  result")
     for c in checks:
-        tol = "exact" if c.atol == c.rtol == 0 else f"atol {c.atol:g} rtol {c.rtol:g}"
-        print(
-            f"  {c.kernel:<14} {c.shape:<24} {c.max_abs_err:>11.3g}  {tol:<23} {c.instructions:>12}  "
-            f"{'PASS' if c.passed else 'FAIL'}"
-        )
-    failed = [c.kernel for c in checks if not c.passed]
-    print(
-        "FAIL: " + ", ".join(failed)
-        if failed
-        else f"PASS: {len(checks)} of {len(checks)} kernels match NumPy"
-    )
+        print(f"  {c.op:<8} {c.problem:<22} {c.dtype:<9} {c.max_abs_err:>11.3g}  "
+              f"{f'atol {c.atol:g} rtol {c.rtol:g}':<24} {c.instructions:>12}  {c.modeled_us:>14.1f} us  "
+              f"{'PASS' if c.passed else 'FAIL'}")
+    failed = [f"{c.op} {c.dtype}" for c in checks if not c.passed]
+    print("FAIL: " + ", ".join(failed) if failed else f"PASS: {len(checks)} of {len(checks)} kernel runs match")
+    print("Latencies are modeled by the cost model from the interpreter trace, not measured on hardware.")
     return 1 if failed else 0
