@@ -281,11 +281,6 @@ def _canonical_free_dims(t: NkiTensor) -> list[tuple[int, int]]:
     return merged
 
 
-def tensor_tensor_fp32(op: Operator, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    with np.errstate(all="ignore"):
-        return np.asarray(op.fn2(a, b), dtype=np.float32)
-
-
 def apply_binary(op: Operator, a, b, *, reverse: bool = False):
     """``a op b`` in fp32 (or on bit patterns for bitvec ops); ``reverse`` swaps sides."""
     lhs, rhs = (b, a) if reverse else (a, b)
