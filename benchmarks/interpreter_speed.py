@@ -5,9 +5,10 @@ numbers with the ones in the last report::
 
     python benchmarks/interpreter_speed.py [--size 1024] [--repeat 3] [--profile]
 
-The kernel keeps K in PSUM (128x128 stationary, 128x512 moving tiles), evacuates each
-output tile with ``tensor_copy`` and stores it with ``dma_copy``, so it exercises every
-per-instruction path (checks, trace records, views, dtype conversion, PSUM state).
+The kernel is the tutorial's tiled matmul from the calibration set (K in PSUM, 128x128
+stationary and 128x512 moving tiles, each output tile evacuated with ``tensor_copy`` and
+stored with ``dma_copy``), so it exercises every per-instruction path (checks, trace
+records, views, dtype conversion, PSUM state).
 """
 
 from __future__ import annotations
@@ -19,32 +20,8 @@ import time
 
 import numpy as np
 
-from neuron_kernels.simulator import nki, run
-
-nl, nisa = nki.language, nki.isa
-
-TILE_K, TILE_M, TILE_N = 128, 128, 512
-
-
-def matmul_kernel(a_t, b):
-    """``C[M, N] = a_t.T @ b`` for ``a_t [K, M]``, ``b [K, N]`` fp32 in HBM."""
-    K, M = a_t.shape
-    _, N = b.shape
-    c = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm, name="c")
-    for m in range(M // TILE_M):
-        for n in range(N // TILE_N):
-            acc = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum, name="acc")
-            for k in range(K // TILE_K):
-                st = nl.ndarray((TILE_K, TILE_M), dtype=a_t.dtype, buffer=nl.sbuf, name="st")
-                mv = nl.ndarray((TILE_K, TILE_N), dtype=b.dtype, buffer=nl.sbuf, name="mv")
-                ks = nl.ds(k * TILE_K, TILE_K)
-                nisa.dma_copy(dst=st, src=a_t[ks, nl.ds(m * TILE_M, TILE_M)])
-                nisa.dma_copy(dst=mv, src=b[ks, nl.ds(n * TILE_N, TILE_N)])
-                nisa.nc_matmul(dst=acc, stationary=st, moving=mv, accumulate=k > 0)
-            out = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf, name="out")
-            nisa.tensor_copy(dst=out, src=acc)
-            nisa.dma_copy(dst=c[nl.ds(m * TILE_M, TILE_M), nl.ds(n * TILE_N, TILE_N)], src=out)
-    return c
+from neuron_kernels.perf_results.calibration.tutorial_matmul import matmul_tiled as matmul_kernel
+from neuron_kernels.simulator import run
 
 
 def _best(fn, repeat):
