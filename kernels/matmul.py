@@ -19,7 +19,7 @@ import torch
 from neuron_kernels.backend import nki, nisa, nl
 from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels.spec import OpSpec, Tolerance, TunableConfig, register, tunable
-from neuron_kernels.simulator.limits import target_from_name
+from neuron_kernels.hardware import target_from_name
 
 __all__ = ["MatmulConfig", "forward", "launch", "reference", "SPEC"]
 

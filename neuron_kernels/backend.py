@@ -32,7 +32,7 @@ def _official():
 
 
 def _interpreter():
-    from neuron_kernels.simulator import nki as nki_mod
+    from neuron_kernels.interpreter import nki as nki_mod
 
     return nki_mod, nki_mod.language, nki_mod.isa
 

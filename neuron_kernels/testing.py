@@ -44,7 +44,7 @@ def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: 
 def interpreter_runner_for(target: str | None = None, compute: bool = True, runs: list | None = None):
     """A runner executing kernels on our interpreter for ``target``; keeps each ``Run`` in
     ``runs`` when given (trace and memory peaks)."""
-    from neuron_kernels.simulator import run
+    from neuron_kernels.interpreter import run
 
     def runner(kernel, *args, **kwargs):
         result = run(kernel, args, kwargs, target=target, compute=compute)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from neuron_kernels.simulator import nki as interpreter_nki
+from neuron_kernels.interpreter import nki as interpreter_nki
 
 from neuron_kernels import backend
 

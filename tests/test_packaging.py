@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import neuron_kernels
-from neuron_kernels import demo
+from neuron_kernels.cli import demo
 
 ROOT = Path(__file__).resolve().parents[1]
 DIST = "neuron-kernels"
@@ -78,7 +78,7 @@ def _python(code: str, *args: str, cwd: Path) -> list:
 
 def test_maps_the_layout_folders_into_the_namespace(setuptools_config, mapped_roots):
     assert setuptools_config["package-dir"]["neuron_kernels.kernels"] == "kernels"
-    assert {"kernels", "simulator", "torch_ops", "autotune"} <= set(mapped_roots)
+    assert {"kernels", "interpreter", "cost_model", "torch_ops", "autotune"} <= set(mapped_roots)
 
 
 def test_installed_distribution_has_one_top_level_name(mapped_roots, tmp_path):

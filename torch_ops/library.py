@@ -13,7 +13,7 @@ import inspect
 import torch
 
 from neuron_kernels.kernels.spec import OpSpec
-from neuron_kernels.simulator.limits import default_target
+from neuron_kernels.hardware import default_target
 from neuron_kernels.torch_ops import neuron_device, routing
 
 __all__ = ["NAMESPACE", "register_op", "op_signature"]

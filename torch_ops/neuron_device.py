@@ -32,7 +32,7 @@ def device_key() -> str:
 
 def device_target() -> str:
     """The Trainium generation of this node (``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn2)."""
-    from neuron_kernels.simulator.limits import target_from_name
+    from neuron_kernels.hardware import target_from_name
 
     return target_from_name(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or "trn2").name
 

@@ -16,7 +16,7 @@ import neuron_kernels.torch_ops  # noqa: F401  (registers torch.ops.neuron.*)
 from neuron_kernels.autotune import results
 from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels import REGISTRY
-from neuron_kernels.simulator import NkiValidationError
+from neuron_kernels.interpreter import NkiValidationError
 from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
 from neuron_kernels.torch_ops import cpu_mode, routing
 

@@ -1,0 +1,958 @@
+"""The engine-level cost model: the interpreter's instruction trace -> a modeled timeline.
+
+Structure (shared/docs/trainium-performance-model.md §5, with the changes noted here):
+
+* One timeline per resource: TensorE (``pe``), VectorE (``dve``), ScalarE (``act``), GpSimdE
+  (``pool``), the Sync engine (``sp``), the two hardware DGEs, the 16 DMA engines and one
+  shared per-core DMA channel. Compute engines run their instructions in program order; an
+  instruction starts when its engine can issue it (previous start + initiation interval) and
+  its inputs are ready. Pipelined engines overlap: the engine is busy for the initiation
+  interval (II) while consumers see the result only after II + pipeline latency.
+* Dependencies come from overlapping byte ranges of the recorded ``Access`` operands (RAW,
+  WAR, WAW), plus ``Instruction.depends_on``, plus *buffer reuse*: the compiler places tiles in
+  a finite SBUF and 8 PSUM banks, so a tile that reuses another's bytes must wait until the
+  earlier tile is dead. The allocator is emulated (least-recently-freed fit with
+  the interpreter's program-order liveness). PSUM's 8 banks are always emulated; SBUF is by
+  default unbounded (the compiler multi-buffers and spills; see ``sbuf_allocator``).
+* A ``dma_copy`` is triggered on its queue (software DGE on GpSimd, hardware DGE, or the Sync
+  engine for static descriptors), starts after the DMA latency, is split over the DMA engines
+  that own its partitions (8 partitions each), and each engine processes one transfer at a
+  time, in order within a queue: ``transfer overhead + (bytes + buffers * descriptor bytes) /
+  engine rate``. Engines round-robin between queues, so a transfer's work fills the gaps
+  around other queues' transfers. All engines share the core's DMA channel
+  (``dma_core_gbps``). Loads and stores use separate queues.
+* Dependencies on HBM use the tile's row structure, so side-by-side tiles of one matrix do
+  not order each other; other HBM accesses use their byte bounding box (conservative).
+* Scope: one NeuronCore. SPMD program instances run back to back on it in trace order (an
+  LNC=2 launch is not split over two cores); the kernel launch overhead is ``launch_ns``.
+
+Every time this module produces is *modeled*.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from neuron_kernels._version import COST_MODEL_VERSION
+from neuron_kernels.cost_model.params import CostParams, params_for
+from neuron_kernels.hardware import Target, target_from_name
+from neuron_kernels.interpreter.trace import Access, Instruction, Trace
+
+__all__ = ["ModeledTimeline", "model_trace", "UNITS", "COMPUTE_UNITS", "MODEL_VERSION"]
+
+# Bumped in neuron_kernels/_version.py when the scheduling rules change (the calibration table
+# and modeled perf_results entries store it).
+MODEL_VERSION = COST_MODEL_VERSION
+
+COMPUTE_UNITS = {"tensor": "pe", "vector": "dve", "scalar": "act", "gpsimd": "pool", "sync": "sp"}
+UNITS = ("pe", "dve", "act", "pool", "sp", "dge_sp", "dge_act", "dma")
+UNIT_LABEL = {
+    "pe": "TensorE",
+    "dve": "VectorE",
+    "act": "ScalarE",
+    "pool": "GpSimdE",
+    "sp": "SyncE",
+    "dge_sp": "DGE (SyncE)",
+    "dge_act": "DGE (ScalarE)",
+    "dma": "DMA engines",
+}
+_FP32 = {"float32"}
+_TWO_BYTE_FLOAT = {"bfloat16", "float16"}
+_FP8 = {"float8_e4m3", "float8_e5m2", "float8_e4m3fn"}
+
+# Activation functions grouped into table sets; "copy"-like ops need no table. Which function
+# shares a table with which is unpublished [U]; these groups follow the set names in the
+# runtime docs (natural_log_exp_and_others, gelu_and_others, ...).
+_NO_TABLE = {"copy", "identity", "bypass"}
+_TABLE_SET = {
+    "exp": "exp_log",
+    "log": "exp_log",
+    "softplus": "exp_log",
+    "mish": "exp_log",
+    "gelu": "gelu",
+    "gelu_dx": "gelu",
+    "gelu_apprx_tanh": "gelu",
+    "gelu_apprx_sigmoid": "gelu",
+    "gelu_apprx_sigmoid_dx": "gelu",
+    "erf": "gelu",
+    "erf_dx": "gelu",
+    "sigmoid": "sigmoid",
+    "silu": "sigmoid",
+    "silu_dx": "sigmoid",
+    "tanh": "sigmoid",
+}
+
+
+# -- timelines -----------------------------------------------------------------------------
+
+
+class Timeline:
+    """Busy intervals of one resource; new work goes into the earliest gap that fits."""
+
+    __slots__ = ("starts", "ends", "busy", "last_end")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.busy = 0.0
+        self.last_end = 0.0
+
+    def copy(self) -> "Timeline":
+        t = Timeline()
+        t.starts, t.ends, t.busy, t.last_end = (
+            list(self.starts),
+            list(self.ends),
+            self.busy,
+            self.last_end,
+        )
+        return t
+
+    def earliest(self, ready: float, dur: float) -> float:
+        """Earliest start >= ready with [start, start + dur) free."""
+        ends, starts = self.ends, self.starts
+        i = bisect.bisect_right(ends, ready)
+        t = ready
+        n = len(starts)
+        while i < n:
+            if starts[i] >= t + dur:
+                break
+            if ends[i] > t:
+                t = ends[i]
+            i += 1
+        return t
+
+    def reserve(self, start: float, dur: float) -> None:
+        """Mark [start, start + dur) busy (merged with touching or overlapping intervals)."""
+        if dur <= 0:
+            return
+        end = start + dur
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_left(ends, start)  # first interval ending at/after start
+        j = i
+        new_s, new_e = start, end
+        covered = 0.0
+        while j < len(starts) and starts[j] <= end:
+            covered += max(0.0, min(ends[j], end) - max(starts[j], start))
+            new_s = min(new_s, starts[j])
+            new_e = max(new_e, ends[j])
+            j += 1
+        starts[i:j] = [new_s]
+        ends[i:j] = [new_e]
+        self.busy += dur - covered
+        if end > self.last_end:
+            self.last_end = end
+
+    def place(self, ready: float, dur: float) -> float:
+        start = self.earliest(ready, dur)
+        self.reserve(start, dur)
+        return start
+
+    def fill(self, ready: float, dur: float) -> tuple[float, float]:
+        """Divisible work: take free time from ``ready`` on, across gaps, until ``dur`` is done.
+
+        Returns (first start, end). DMA engines round-robin between queues at descriptor
+        granularity (perf-model §1.5), so a transfer fills the gaps around others.
+        """
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_right(ends, ready)
+        t, left, n = ready, dur, len(starts)
+        pieces = []
+        while left > 1e-9:
+            if i < n and starts[i] <= t:
+                if ends[i] > t:
+                    t = ends[i]
+                i += 1
+                continue
+            gap_end = starts[i] if i < n else float("inf")
+            take = min(left, gap_end - t)
+            if take > 0:
+                pieces.append((t, take))
+                left -= take
+                t += take
+        if not pieces:
+            return ready, ready
+        for s, d in pieces:
+            self.reserve(s, d)
+        return pieces[0][0], pieces[-1][0] + pieces[-1][1]
+
+    def prune(self, horizon: float) -> None:
+        """Forget intervals that end before ``horizon`` (no future work can start earlier)."""
+        k = bisect.bisect_left(self.ends, horizon)
+        if k > 1:
+            del self.starts[: k - 1]
+            del self.ends[: k - 1]
+
+
+# -- the result --------------------------------------------------------------------------
+
+
+@dataclass
+class ModeledTimeline:
+    """The modeled schedule of one trace (all times in ns, all *modeled*)."""
+
+    target: str
+    params: CostParams
+    latency_ns: float
+    start: list[float]
+    end: list[float]
+    unit: list[str]  # per instruction: pe/dve/act/pool/sp/dma
+    occupancy: list[float]  # per instruction: time its unit is held (II, or the DMA span)
+    busy_ns: dict[str, float]
+    dma_engine_busy_ns: list[float]
+    dma_active_ns: float
+    dma_queue: dict[int, str]  # instruction index -> queue name
+    dma_bytes: dict[int, int]  # instruction index -> bytes moved
+    dma_hbm_bytes: dict[str, int]  # "read"/"write" (HBM side)
+    flops: dict[str, float]  # "matmul" raw FLOPs, "bf16_equivalent", "transpose"
+    critical_path: dict[str, float]  # unit -> ns on the critical path ("wait" = latencies)
+    critical_unit: str
+    alloc_fallbacks: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+# -- per-instruction costs ---------------------------------------------------------------
+
+
+def _is_unit_stride(a: Access) -> bool:
+    return a.inner_stride_bytes <= a.itemsize
+
+
+def _stride_factor(p: CostParams, accesses) -> float:
+    for a in accesses:
+        if a.on_chip and a.inner_stride_bytes > p.stride_threshold_bytes:
+            return p.stride_penalty
+    return 1.0
+
+
+def _n_free(accesses) -> int:
+    return max((a.elems_per_partition for a in accesses), default=1)
+
+
+def _vector_cycles(api: str, ins: Instruction, p: CostParams, perf_mode: bool) -> float:
+    """VectorE (or GpSimd, perf_mode=False) cycles excluding MIN_II (perf-model §2.3)."""
+    ops = (*ins.reads, *ins.writes)
+    n = _n_free(ops)
+    # Data operands only: a [P, 1] scalar-operand tile does not decide the performance mode.
+    data = [a for a in ops if a.elems_per_partition == n] or list(ops)
+    dtypes = {a.dtype for a in data}
+    two_byte = bool(dtypes) and dtypes <= _TWO_BYTE_FLOAT
+    any_psum = any(a.buffer == "psum" for a in data)
+    if api in ("tensor_copy", "tensor_scalar", "activation", "iota", "memset"):
+        cycles = float(n)
+        if perf_mode and two_byte and api in ("tensor_copy", "tensor_scalar"):
+            unit_stride = all(_is_unit_stride(a) for a in data)
+            cycles /= 4.0 if (not any_psum and unit_stride) else 2.0
+        return cycles
+    if api == "tensor_tensor":
+        in_psum = sum(1 for a in ins.reads if a.buffer == "psum")
+        if in_psum >= 1:
+            return float(n)  # one input streams from PSUM: N, not 2N (isa-old)
+        if perf_mode and two_byte:
+            return float(n)  # NC-v3: both SBUF, all BF16/FP16 -> 2x
+        return 2.0 * n
+    if api == "tensor_reduce":
+        src = _n_free(ins.reads)
+        op = ins.attrs.get("op")
+        fast = {a.dtype for a in ins.reads} <= _TWO_BYTE_FLOAT and op in ("add", "maximum")
+        return src / 2.0 if fast else float(src)
+    if api == "tensor_scalar_reduce":
+        return float(n) + p.min_ii_cycles
+    if api in ("scalar_tensor_tensor", "tensor_tensor_scan"):
+        return 2.0 * n
+    if api == "reciprocal":
+        return 8.0 * n
+    if api == "bn_stats":
+        return float(_n_free(ins.reads))
+    if api == "bn_aggr":
+        return 13.0 * _n_free(ins.reads) / 3.0
+    if api == "tensor_copy_predicated":
+        in_sbuf = sum(1 for a in ins.reads if a.buffer == "sbuf")
+        return 2.0 * n if in_sbuf >= 2 else float(n)
+    if api == "exponential":  # NC-v4: 4x ScalarE exp throughput (perf-model §2.3)
+        return n / 4.0
+    # nc_transpose (32x32 blocks), range_select, max8, select_reduce, tensor_scalar_cumulative
+    # and anything newer: one pass over the operand, the one-input rule (perf-model §2.3) [U].
+    return float(n)
+
+
+def _tensor_cost(ins: Instruction, p: CostParams) -> tuple[float, float, float, float]:
+    """(II ns, latency ns, raw FLOPs, bf16-equivalent FLOPs) of a TensorE instruction."""
+    a = ins.attrs
+    k = int(a.get("K", ins.reads[0].partitions if ins.reads else 128))
+    m = int(a.get("M", 128))
+    n = int(a.get("N", 128))
+    dt = {a.get("stationary_dtype"), a.get("moving_dtype")}
+    transpose = bool(a.get("is_transpose")) or ins.api.endswith("nc_transpose")
+    mm = max(min(p.mm_min_cycles, m), n)  # isa-old: max(min(64, N_stationary), N_moving)
+    ls = m / p.ls_speedup  # background LoadStationary of this matmul's stationary
+    cycles = max(mm, ls)
+    if dt & _FP32:
+        cycles *= p.fp32_transpose_factor if transpose else p.fp32_mm_factor
+    tiling = a.get("tiling")
+    if tiling:  # PE tiling: a row x column quadrant; several tiles share the array [U]
+        rows, cols = tiling[0], tiling[1]
+        cycles *= (rows * cols) / (128.0 * 128.0)
+    ii = cycles / p.pe_ghz
+    raw = 2.0 * k * m * n
+    if dt & _FP32:
+        equiv = raw * 4.0
+    elif dt <= _FP8 and len(dt) > 0:
+        equiv = raw * 0.5
+    else:
+        equiv = raw
+    return ii, ii + p.pe_fill_cycles / p.pe_ghz, raw, equiv
+
+
+def compute_cost(ins: Instruction, p: CostParams, act_state: dict) -> tuple[float, float]:
+    """(II ns, end latency ns) of a compute-engine instruction."""
+    api = ins.api.rsplit(".", 1)[-1]
+    eng = ins.engine
+    ops = (*ins.reads, *ins.writes)
+    if eng == "vector":
+        cycles = _vector_cycles(api, ins, p, bool(p.dve_perf_mode))
+        cycles = max(p.min_ii_cycles, cycles) * _stride_factor(p, ops)
+        ii = cycles / p.dve_ghz
+        return ii, ii + p.engine_latency_cycles / p.dve_ghz
+    if eng == "scalar":
+        n = _n_free(ops)
+        cycles = float(n)
+        if api == "tensor_copy" or (api == "activation" and ins.attrs.get("op") == "copy"):
+            dtypes = {a.dtype for a in ops}
+            if p.act_fast_bf16 and dtypes and dtypes <= _TWO_BYTE_FLOAT:
+                cycles /= 2.0
+        cycles = max(p.min_ii_cycles, cycles)
+        reduce_cmd = ins.attrs.get("reduce_cmd")
+        if (
+            api == "activation_reduce"
+            or reduce_cmd in ("reduce", "reset_reduce")
+            or ins.attrs.get("reads_out")
+        ):
+            cycles += p.act_reduce_cycles
+        cycles *= _stride_factor(p, ops)
+        ii = cycles / p.act_ghz
+        op = ins.attrs.get("op")
+        if op is not None and op not in _NO_TABLE:
+            table = _TABLE_SET.get(op, op)
+            if act_state.get("table") not in (None, table):
+                ii += p.act_table_switch_ns
+            act_state["table"] = table
+        return ii, ii + p.engine_latency_cycles / p.act_ghz
+    if eng == "gpsimd":
+        cycles = p.pool_start_cycles + _vector_cycles(api, ins, p, False)
+        cycles *= _stride_factor(p, ops)
+        ii = cycles / p.pool_ghz
+        return ii, ii + p.engine_latency_cycles / p.pool_ghz
+    # sync or an engine this model does not know: one minimal instruction
+    ii = p.min_ii_cycles / p.act_ghz
+    return ii, ii
+
+
+# -- DMA shapes ----------------------------------------------------------------------------
+
+
+def _dma_pieces(ins: Instruction, engines: int):
+    """Engine classes [(bytes, buffers, engines)], total bytes, HBM direction of a DMA."""
+    src = ins.reads[0] if ins.reads else None
+    dst = ins.writes[0] if ins.writes else None
+    if src is None or dst is None:
+        return (), 0, ""
+    # The SBUF side decides the engines: engine e serves partitions [8e, 8e + 8).
+    side = dst if dst.on_chip else src if src.on_chip else dst
+    key = (
+        src.nbytes,
+        dst.nbytes,
+        src.contiguous_bytes,
+        dst.contiguous_bytes,
+        src.on_chip,
+        dst.on_chip,
+        side.partition_start if side.on_chip else 0,
+        side.partitions,
+        side.elems_per_partition * side.itemsize,
+        engines,
+    )
+    return _dma_shape(*key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dma_shape(
+    src_bytes, dst_bytes, src_contig, dst_contig, src_chip, dst_chip, p0, parts, row, engines
+):
+    total = max(src_bytes, dst_bytes)
+    per_eng = max(1, 128 // engines)
+    np_ = max(1, parts if (src_chip or dst_chip) else min(128, parts))
+    # A buffer is a run contiguous on both sides (at most one SBUF partition row).
+    row_bytes = max(1, row) if (src_chip or dst_chip) else total
+    chunk = max(1, min(src_contig, dst_contig, row_bytes))
+    bytes_per_row = total / np_
+    classes: dict[tuple[int, int], set] = {}
+    for e in range(p0 // per_eng, (p0 + np_ - 1) // per_eng + 1):
+        rows = min(p0 + np_, (e + 1) * per_eng) - max(p0, e * per_eng)
+        nbytes = int(round(rows * bytes_per_row))
+        buffers = max(rows, -(-nbytes // chunk))
+        classes.setdefault((nbytes, buffers), set()).add(e % engines)
+    pieces = tuple((nb, nbuf, frozenset(es)) for (nb, nbuf), es in classes.items())
+    if not src_chip and dst_chip:
+        hbm = "read"
+    elif src_chip and not dst_chip:
+        hbm = "write"
+    elif not src_chip and not dst_chip:
+        hbm = "copy"
+    else:
+        hbm = ""
+    return pieces, total, hbm
+
+
+# -- the compiler's allocator, emulated ----------------------------------------------------
+
+
+def _emulate_allocation(trace: Trace, target: Target, policies: dict[str, str]):
+    """Map first-use instruction -> storages whose bytes it reuses (least-recently-freed fit).
+
+    ``policies`` maps "sbuf"/"psum" to "lru" or "unbounded". Returns (reuse: dict[instr index
+    -> set of predecessor storage ids], number of tiles that found no place).
+    """
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    size: dict[int, int] = {}
+    kind: dict[int, str] = {}
+    for ins in trace.instructions:
+        for a in (*ins.reads, *ins.writes):
+            if not a.on_chip:
+                continue
+            u = a.storage
+            if u not in first:
+                first[u] = ins.index
+                kind[u] = a.buffer
+                size[u] = a.byte_hi
+            else:
+                if a.byte_hi > size[u]:
+                    size[u] = a.byte_hi
+            last[u] = ins.index
+    reuse: dict[int, set] = defaultdict(set)
+    fallbacks = 0
+    for buf, capacity, align in (
+        ("sbuf", target.sbuf_usable_bytes, 64),
+        ("psum", target.psum_partition_bytes, target.psum_bank_bytes),
+    ):
+        if policies.get(buf, "unbounded") != "lru":
+            continue
+        uids = sorted((u for u in first if kind[u] == buf), key=lambda u: first[u])
+        live_addr: list[int] = []  # sorted start addresses of live blocks
+        live_blocks: dict[int, tuple[int, int]] = {}  # start -> (end, uid)
+        expiry: list[tuple[int, int]] = []  # heap of (last use, start addr)
+        owners: list[tuple[int, int, int]] = []  # (start, end, uid): last occupant of bytes
+        for u in uids:
+            need = -(-max(1, size[u]) // align) * align
+            while expiry and expiry[0][0] < first[u]:
+                _, addr = heapq.heappop(expiry)
+                live_blocks.pop(addr, None)
+                i = bisect.bisect_left(live_addr, addr)
+                if i < len(live_addr) and live_addr[i] == addr:
+                    live_addr.pop(i)
+            addr = _least_recent_fit(live_addr, live_blocks, owners, last, need, capacity)
+            if addr is None:
+                fallbacks += 1
+                continue
+            bisect.insort(live_addr, addr)
+            live_blocks[addr] = (addr + need, u)
+            heapq.heappush(expiry, (last[u], addr))
+            preds = _claim(owners, addr, addr + need, u)
+            if preds:
+                reuse[first[u]].update(preds)
+    return reuse, fallbacks
+
+
+def _least_recent_fit(live_addr, live_blocks, owners, last, need, capacity):
+    """The free position whose previous occupants died longest ago (maximal reuse distance).
+
+    Candidates are the edges of every free gap and of every dead tile inside it; the score
+    of a position is the latest last-use among the tiles whose bytes it would reuse.
+    """
+    best, best_score = None, None
+    gap_lo = 0
+    bounds = [(a, live_blocks[a][0]) for a in live_addr] + [(capacity, capacity)]
+    for blk_lo, blk_hi in bounds:
+        gap_hi = blk_lo
+        if gap_hi - gap_lo >= need:
+            cands = {gap_lo, gap_hi - need}
+            i = bisect.bisect_left(owners, (gap_lo, -1, -1))
+            if i > 0:
+                i -= 1
+            while i < len(owners) and owners[i][0] < gap_hi:
+                s, e, _ = owners[i]
+                for c in (s, e, e - need, s - need):
+                    if gap_lo <= c and c + need <= gap_hi:
+                        cands.add(c)
+                i += 1
+            for c in cands:
+                score = _reuse_score(owners, last, c, c + need)
+                if best_score is None or score < best_score or (score == best_score and c < best):
+                    best, best_score = c, score
+                    if score < 0:
+                        return best
+        gap_lo = max(gap_lo, blk_hi)
+    return best
+
+
+def _reuse_score(owners, last, lo, hi) -> int:
+    i = bisect.bisect_left(owners, (lo, -1, -1))
+    if i > 0 and owners[i - 1][1] > lo:
+        i -= 1
+    score = -1
+    while i < len(owners) and owners[i][0] < hi:
+        lu = last[owners[i][2]]
+        if lu > score:
+            score = lu
+        i += 1
+    return score
+
+
+def _claim(owners: list, lo: int, hi: int, uid: int) -> set:
+    """Record ``uid`` as the occupant of [lo, hi); return the previous occupants."""
+    preds = set()
+    i = bisect.bisect_left(owners, (lo, -1, -1))
+    if i > 0 and owners[i - 1][1] > lo:
+        i -= 1
+    j = i
+    pieces = []
+    while j < len(owners) and owners[j][0] < hi:
+        s, e, o = owners[j]
+        preds.add(o)
+        if s < lo:
+            pieces.append((s, lo, o))
+        if e > hi:
+            pieces.append((hi, e, o))
+        j += 1
+    pieces.append((lo, hi, uid))
+    pieces.sort()
+    owners[i:j] = pieces
+    return preds
+
+
+# -- dependencies through bytes ---------------------------------------------------------
+
+
+class _Deps:
+    """Last writers and readers of each storage region, with their end times and units."""
+
+    def __init__(self) -> None:
+        self.writes: dict[int, dict] = defaultdict(dict)  # storage -> {bounds: (end, unit, index)}
+        self.reads: dict[int, dict] = defaultdict(
+            dict
+        )  # storage -> {(bounds, unit): (end, unit, index)}
+
+    @staticmethod
+    def _bounds(a: Access):
+        """(p0, p1, byte_lo, byte_hi, row stride, col_lo, col_hi); stride 0 = a plain box.
+
+        An HBM tile of a row-major matrix is rows of one contiguous run at a fixed stride;
+        two such tiles with the same stride overlap only if their columns do too (tiles of
+        one output side by side do not depend on each other).
+        """
+        if a.on_chip:
+            return (
+                a.partition_start,
+                a.partition_start + a.partitions,
+                a.byte_lo,
+                a.byte_hi,
+                0,
+                0,
+                0,
+            )
+        row = a.elems_per_partition * a.itemsize
+        rows = a.partitions
+        if rows >= 2 and a.contiguous_bytes == row and len(a.shape) == 2:
+            stride, rem = divmod(a.byte_hi - a.byte_lo - row, rows - 1)
+            if rem == 0 and stride >= row:
+                c0 = a.byte_lo % stride
+                if c0 + row <= stride:
+                    return (0, 1, a.byte_lo, a.byte_hi, stride, c0, c0 + row)
+        return (0, 1, a.byte_lo, a.byte_hi, 0, 0, 0)
+
+    @staticmethod
+    def _overlap(b1, b2) -> bool:
+        if not (b1[0] < b2[1] and b2[0] < b1[1] and b1[2] < b2[3] and b2[2] < b1[3]):
+            return False
+        if b1[4] and b1[4] == b2[4]:
+            return b1[5] < b2[6] and b2[5] < b1[6]
+        return True
+
+    def ready(self, ins: Instruction, unit: str, same_unit_ok: bool, sync: float):
+        """(ready time, binding producer index) from RAW/WAR/WAW on the operands."""
+        t, who = 0.0, -1
+        for a in ins.reads:
+            b = self._bounds(a)
+            for wb, (end, wunit, widx) in self.writes[a.storage].items():
+                if self._overlap(b, wb):
+                    e = self._edge(end, wunit, unit, same_unit_ok, sync, raw=True)
+                    if e > t:
+                        t, who = e, widx
+        for a in ins.writes:
+            b = self._bounds(a)
+            st = a.storage
+            for wb, (end, wunit, widx) in self.writes[st].items():
+                if self._overlap(b, wb):
+                    e = self._edge(end, wunit, unit, same_unit_ok, sync, raw=False)
+                    if e > t:
+                        t, who = e, widx
+            for (rb, _), (end, runit, ridx) in self.reads[st].items():
+                if self._overlap(b, rb):
+                    e = self._edge(end, runit, unit, same_unit_ok, sync, raw=False)
+                    if e > t:
+                        t, who = e, ridx
+        return t, who
+
+    @staticmethod
+    def _edge(end, producer_unit, unit, same_unit_ok, sync, raw):
+        if producer_unit == unit and unit != "dma":
+            # In order on one engine: WAR/WAW need nothing more; a RAW waits for the result
+            # (pipeline latency, A12) except on TensorE, whose PSUM accumulation is in order.
+            if not raw or same_unit_ok:
+                return 0.0
+            return end
+        return end + sync
+
+    def record(self, ins: Instruction, unit: str, end: float) -> None:
+        for a in ins.writes:
+            b = self._bounds(a)
+            st = a.storage
+            w = self.writes[st]
+            for ob in [ob for ob in w if self._covers(b, ob)]:
+                del w[ob]
+            r = self.reads[st]
+            for key in [key for key in r if self._covers(b, key[0])]:
+                del r[key]
+            w[b] = (end, unit, ins.index)
+        for a in ins.reads:
+            b = self._bounds(a)
+            r = self.reads[a.storage]
+            key = (b, unit)
+            old = r.get(key)
+            if old is None or old[0] < end:
+                r[key] = (end, unit, ins.index)
+
+    @staticmethod
+    def _covers(outer, inner) -> bool:
+        if outer[4] or inner[4]:  # strided HBM tiles: only an identical region covers
+            return outer == inner
+        return (
+            outer[0] <= inner[0]
+            and inner[1] <= outer[1]
+            and outer[2] <= inner[2]
+            and inner[3] <= outer[3]
+        )
+
+    def prune(self, horizon: float) -> None:
+        for table in (self.writes, self.reads):
+            for st in list(table):
+                d = table[st]
+                stale = [k for k, v in d.items() if v[0] <= horizon]
+                for k in stale:
+                    del d[k]
+                if not d:
+                    del table[st]
+
+
+# -- DMA engines (grouped while they share a history) ------------------------------------------
+
+
+class _DmaEngines:
+    """The 16 DMA engines; engines with identical history share one Timeline (copy on split)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        tl = Timeline()
+        self.group_of = [0] * n
+        self.groups: dict[int, tuple[Timeline, set]] = {0: (tl, set(range(n)))}
+        self.next_id = 1
+
+    def split(self, engines: set) -> list[tuple[Timeline, set]]:
+        """Groups exactly covering ``engines`` (splitting groups that straddle it)."""
+        out = []
+        for gid in sorted({self.group_of[e] for e in engines}):
+            tl, members = self.groups[gid]
+            inside = members & engines
+            if inside != members:
+                new_tl = tl.copy()
+                nid = self.next_id
+                self.next_id += 1
+                self.groups[nid] = (new_tl, inside)
+                self.groups[gid] = (tl, members - inside)
+                for e in inside:
+                    self.group_of[e] = nid
+                out.append((new_tl, inside))
+            else:
+                out.append((tl, members))
+        return out
+
+    def busy_per_engine(self) -> list[float]:
+        return [self.groups[self.group_of[e]][0].busy for e in range(self.n)]
+
+    def timelines(self):
+        return [tl for tl, _ in self.groups.values()]
+
+
+# -- the scheduler -----------------------------------------------------------------------
+
+
+def _dma_queue(ins: Instruction, p: CostParams, target: Target) -> tuple[str, str]:
+    """(queue name, trigger kind) of a DMA instruction."""
+    mode = ins.attrs.get("dge_mode") or "unknown"
+    if mode == "unknown":
+        mode = p.default_dge
+    if mode == "hwdge" and not target.has_hwdge:
+        mode = p.default_dge
+    if mode == "none":
+        mode = "static"
+    trigger = ins.attrs.get("trigger")
+    if mode == "hwdge":
+        kind = "dge_act" if trigger == "scalar" else "dge_sp"
+    elif mode == "swdge":
+        kind = "pool"
+    else:
+        kind = "sp"
+    dst = ins.writes[0] if ins.writes else None
+    direction = "load" if (dst is not None and dst.on_chip) else "store"
+    if not p.dma_queue_split:
+        direction = "any"
+    return f"{kind}:{direction}", kind
+
+
+def model_trace(
+    trace: Trace, target=None, params: CostParams | None = None, **overrides
+) -> ModeledTimeline:
+    """Schedule ``trace`` on ``target`` and return the modeled timeline.
+
+    Args:
+        trace: the interpreter's trace (``Run.trace``).
+        target: ``trn1``/``trn2``/``trn3`` or a :class:`Target`; default the trace's target.
+        params: a :class:`CostParams`; default the target's table (``overrides`` applied).
+    """
+    tgt = target_from_name(target if target is not None else trace.target)
+    full = params if params is not None else params_for(tgt.name, **overrides)
+    p = SimpleNamespace(**full.values())  # plain attributes: read ~10 times per instruction
+    instrs = trace.instructions
+    n = len(instrs)
+    sync = float(p.sync_ns)
+    reuse, fallbacks = _emulate_allocation(
+        trace, tgt, {"sbuf": str(p.sbuf_allocator), "psum": str(p.psum_allocator)}
+    )
+
+    # Pre-pass: units, queues and remaining work per in-order stream (for pruning).
+    units: list[str] = []
+    queues: dict[int, str] = {}
+    remaining: dict[str, int] = defaultdict(int)
+    for idx, ins in enumerate(instrs):
+        if ins.engine == "dma":
+            q, kind = _dma_queue(ins, p, tgt)
+            queues[idx] = (q, kind)
+            units.append("dma")
+            remaining["q:" + q] += 1
+        else:
+            u = COMPUTE_UNITS.get(ins.engine, "sp")
+            units.append(u)
+            remaining[u] += 1
+
+    tl = {u: Timeline() for u in ("pe", "dve", "act", "pool", "sp", "dge_sp", "dge_act")}
+    dma = _DmaEngines(int(p.dma_engines))
+    channel = Timeline()
+    deps = _Deps()
+    storage_end: dict[int, float] = {}
+    issue_ready: dict[str, float] = defaultdict(float)  # in-order: next issue time per unit
+    last_on_unit: dict[str, int] = {}
+    queue_trigger: dict[str, float] = defaultdict(float)
+    queue_last: dict[str, int] = {}
+    queue_engine_end: dict[str, list[float]] = {}
+
+    start = [0.0] * n
+    end = [0.0] * n
+    occ = [0.0] * n
+    pred = [-1] * n
+    dma_bytes: dict[int, int] = {}
+    hbm = {"read": 0, "write": 0}
+    flops = {"matmul": 0.0, "bf16_equivalent": 0.0, "transpose": 0.0}
+    act_state: dict = {}
+    dma_spans: list[tuple[float, float]] = []
+    bw_eng = float(p.dma_engine_gbps)  # GB/s = bytes/ns
+    bw_core = float(p.dma_core_gbps)
+    desc = float(p.dma_descriptor_bytes)
+    t_xfer = float(p.dma_transfer_ns)
+    n_dma = int(p.dma_engines)
+    prune_every = 8192
+
+    for idx, ins in enumerate(instrs):
+        unit = units[idx]
+        ready, who = deps.ready(ins, unit, same_unit_ok=(unit == "pe"), sync=sync)
+        for d in ins.depends_on:
+            if 0 <= d < idx and end[d] + sync > ready:
+                ready, who = end[d] + sync, d
+        for u in reuse.get(ins.index, ()):
+            e = storage_end.get(u, 0.0) + sync
+            if e > ready:
+                ready, who = e, -2
+
+        if unit != "dma":
+            if unit == "pe":
+                ii, lat, raw, equiv = _tensor_cost(ins, p)
+                is_t = bool(ins.attrs.get("is_transpose")) or ins.api.endswith("nc_transpose")
+                flops["transpose" if is_t else "matmul"] += raw
+                if not is_t:
+                    flops["bf16_equivalent"] += equiv
+            else:
+                ii, lat = compute_cost(ins, p, act_state)
+            t_in = issue_ready[unit]
+            s = tl[unit].place(max(ready, t_in), ii)
+            start[idx], end[idx], occ[idx] = s, s + lat, ii
+            issue_ready[unit] = s + ii
+            pred[idx] = who if (ready >= t_in and who != -2) else last_on_unit.get(unit, -1)
+            last_on_unit[unit] = idx
+            remaining[unit] -= 1
+        else:
+            q, kind = queues[idx]
+            pieces, total, direction = _dma_pieces(ins, n_dma)
+            dma_bytes[idx] = total
+            if direction in ("read", "write"):
+                hbm[direction] += total
+            elif direction == "copy":
+                hbm["read"] += total
+                hbm["write"] += total
+            # Trigger: in order on its queue, on the trigger resource.
+            t_q = queue_trigger[q]
+            t_ready = max(ready, t_q)
+            if kind == "pool":
+                cost = p.swdge_issue_cycles / p.pool_ghz
+            elif kind in ("dge_sp", "dge_act"):
+                cost = float(p.hwdge_issue_ns)
+            else:
+                cost = float(p.static_issue_ns)
+            t_trig = tl[kind].place(t_ready, cost) if cost > 0 else t_ready
+            queue_trigger[q] = t_trig
+            data_ready = t_trig + cost + float(p.dma_latency_ns)
+            transpose = bool(ins.attrs.get("transpose"))
+            eff = 1.0
+            if transpose:
+                on_chip_src = ins.reads and ins.reads[0].on_chip
+                eff = float(p.dma_transpose_sbuf_eff if on_chip_src else p.dma_transpose_hbm_eff)
+            t_end = data_ready
+            t_start = float("inf")
+            qe = queue_engine_end.get(q)
+            if qe is None:
+                qe = queue_engine_end[q] = [0.0] * n_dma
+            for nb, nbuf, engines in pieces:
+                dur = t_xfer + (nb + nbuf * desc) / (bw_eng * eff)
+                for etl, members in dma.split(engines):
+                    r = max(data_ready, max(qe[e] for e in members))
+                    s, fin = etl.fill(r, dur)
+                    if direction:
+                        _, c_end = channel.fill(s, nb * len(members) / bw_core)
+                        if c_end > fin:
+                            fin = c_end
+                    for e in members:
+                        qe[e] = fin
+                    if s < t_start:
+                        t_start = s
+                    if fin > t_end:
+                        t_end = fin
+            if t_start == float("inf"):
+                t_start = data_ready
+            start[idx], end[idx], occ[idx] = t_start, t_end, t_end - t_start
+            dma_spans.append((t_start, t_end))
+            if ready >= t_q and who != -2:
+                pred[idx] = who
+            else:
+                pred[idx] = queue_last.get(q, -1)
+            queue_last[q] = idx
+            remaining["q:" + q] -= 1
+
+        deps.record(ins, unit, end[idx])
+        for a in (*ins.reads, *ins.writes):
+            if a.on_chip and storage_end.get(a.storage, 0.0) < end[idx]:
+                storage_end[a.storage] = end[idx]
+
+        if idx % prune_every == prune_every - 1:
+            horizon = _horizon(remaining, issue_ready, queue_trigger)
+            if horizon > 0:
+                deps.prune(horizon - sync)
+                for t in (*tl.values(), *dma.timelines(), channel):
+                    t.prune(horizon)
+
+    latency = (max(end) if n else 0.0) + float(p.launch_ns)
+    busy = {u: t.busy for u, t in tl.items()}
+    eng_busy = dma.busy_per_engine()
+    busy["dma"] = max(eng_busy) if eng_busy else 0.0
+    crit, crit_unit = _critical_path(start, end, units, pred, occ)
+    return ModeledTimeline(
+        target=tgt.name,
+        params=full,
+        latency_ns=latency,
+        start=start,
+        end=end,
+        unit=units,
+        occupancy=occ,
+        busy_ns=busy,
+        dma_engine_busy_ns=eng_busy,
+        dma_active_ns=_union(dma_spans),
+        dma_queue={i: q for i, (q, _) in queues.items()},
+        dma_bytes=dma_bytes,
+        dma_hbm_bytes=hbm,
+        flops=flops,
+        critical_path=crit,
+        critical_unit=crit_unit,
+        alloc_fallbacks=fallbacks,
+    )
+
+
+def _horizon(remaining, issue_ready, queue_trigger) -> float:
+    """No future instruction can start before this time (min over streams with work left)."""
+    h = float("inf")
+    for key, left in remaining.items():
+        if left <= 0:
+            continue
+        t = queue_trigger[key[2:]] if key.startswith("q:") else issue_ready[key]
+        h = min(h, t)
+    return 0.0 if h == float("inf") else h
+
+
+def _union(spans) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(spans):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _critical_path(start, end, units, pred, occ) -> tuple[dict[str, float], str]:
+    """Walk back from the last instruction to finish; time per unit on that path."""
+    path: dict[str, float] = defaultdict(float)
+    if not end:
+        return {}, "none"
+    i = max(range(len(end)), key=end.__getitem__)
+    seen = 0
+    while i >= 0 and seen < len(end):
+        seen += 1
+        j = pred[i]
+        lo = end[j] if j >= 0 else 0.0
+        work = end[i] - start[i]
+        path[units[i]] += work
+        gap = start[i] - lo
+        if gap > 0:
+            path["wait"] += gap
+        elif gap < 0:  # overlapped with its predecessor (pipelined): count only the new part
+            path[units[i]] += gap
+        if j < 0:
+            break
+        i = j
+    real = {u: v for u, v in path.items() if u != "wait"}
+    crit = max(real, key=real.get) if real else "none"
+    return dict(path), crit

@@ -1,0 +1,209 @@
+"""NKI data types: names, storage in NumPy/ml_dtypes, and the one rounding step on write.
+
+NKI dtypes are strings (``DType = str`` in the API stubs), so ``nl.bfloat16 == "bfloat16"``.
+Engines compute in fp32 and convert to the destination dtype on write: floats round to
+nearest even (ml_dtypes), fp32 -> int rounds half to even and saturates (NKI 0.6 simulator
+fix). With ``NKI_PRECISE_FP=0`` every sub-32-bit float is stored as fp32, as AWS's simulator
+does, to separate algorithm bugs from precision loss.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "DTypeInfo",
+    "DTYPES",
+    "PRECISE_FP_ENV",
+    "info",
+    "normalize",
+    "precise_fp_from_env",
+    "storage_dtype",
+    "convert",
+    "sentinel",
+]
+
+PRECISE_FP_ENV = "NKI_PRECISE_FP"
+
+
+@dataclass(frozen=True)
+class DTypeInfo:
+    name: str
+    itemsize: int  # bytes on the device
+    kind: str  # "float", "int", "uint", "bool", "packed"
+    np_dtype: object  # NumPy/ml_dtypes storage type in precise mode (None: not simulated)
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_integer(self) -> bool:
+        return self.kind in ("int", "uint", "bool")
+
+
+def _f(name, size, np_type):
+    return DTypeInfo(name, size, "float", np_type)
+
+
+DTYPES: dict[str, DTypeInfo] = {
+    d.name: d
+    for d in (
+        DTypeInfo("bool_", 1, "bool", np.uint8),
+        DTypeInfo("int8", 1, "int", np.int8),
+        DTypeInfo("int16", 2, "int", np.int16),
+        DTypeInfo("int32", 4, "int", np.int32),
+        DTypeInfo("uint8", 1, "uint", np.uint8),
+        DTypeInfo("uint16", 2, "uint", np.uint16),
+        DTypeInfo("uint32", 4, "uint", np.uint32),
+        _f("float32", 4, np.float32),
+        _f("float16", 2, np.float16),
+        _f("bfloat16", 2, ml_dtypes.bfloat16),
+        _f("tfloat32", 4, np.float32),  # fp32 container, 10 mantissa bits kept on write
+        _f("float8_e4m3", 1, ml_dtypes.float8_e4m3),  # legacy fp8, max finite 240
+        _f("float8_e4m3fn", 1, ml_dtypes.float8_e4m3fn),  # OCP fp8, no inf, max 448
+        _f("float8_e5m2", 1, ml_dtypes.float8_e5m2),
+        _f("float8_e8m0fnu", 1, ml_dtypes.float8_e8m0fnu),
+        DTypeInfo("float8_e5m2_x4", 4, "packed", None),
+        DTypeInfo("float8_e4m3fn_x4", 4, "packed", None),
+        DTypeInfo("float4_e2m1fn_x4", 2, "packed", None),
+    )
+}
+
+_FROM_NUMPY = {
+    np.dtype(np.bool_): "bool_",
+    np.dtype(np.int8): "int8",
+    np.dtype(np.int16): "int16",
+    np.dtype(np.int32): "int32",
+    np.dtype(np.uint8): "uint8",
+    np.dtype(np.uint16): "uint16",
+    np.dtype(np.uint32): "uint32",
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float16): "float16",
+    np.dtype(ml_dtypes.bfloat16): "bfloat16",
+    np.dtype(ml_dtypes.float8_e4m3): "float8_e4m3",
+    np.dtype(ml_dtypes.float8_e4m3fn): "float8_e4m3fn",
+    np.dtype(ml_dtypes.float8_e5m2): "float8_e5m2",
+    np.dtype(ml_dtypes.float8_e8m0fnu): "float8_e8m0fnu",
+}
+
+
+def normalize(dtype, api: str = "dtype") -> str:
+    """Return the NKI dtype name for an NKI name, a NumPy/ml_dtypes dtype or a torch dtype."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return dtype
+    name = getattr(dtype, "_nki_name", None)
+    if name is not None:
+        return name
+    torch_name = _torch_dtype_name(dtype)
+    if torch_name is not None:
+        return torch_name
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError:
+        np_dtype = None
+    if np_dtype is not None and np_dtype in _FROM_NUMPY:
+        return _FROM_NUMPY[np_dtype]
+    from neuron_kernels.interpreter.errors import NkiValidationError
+
+    raise NkiValidationError(api, "dtype", "must be an NKI dtype (nl.float32, nl.bfloat16, ...)", dtype)
+
+
+_TORCH_NAMES = {
+    "torch.float32": "float32",
+    "torch.float16": "float16",
+    "torch.bfloat16": "bfloat16",
+    "torch.float8_e4m3fn": "float8_e4m3fn",
+    "torch.float8_e5m2": "float8_e5m2",
+    "torch.int8": "int8",
+    "torch.int16": "int16",
+    "torch.int32": "int32",
+    "torch.uint8": "uint8",
+    "torch.uint16": "uint16",
+    "torch.uint32": "uint32",
+    "torch.bool": "bool_",
+}
+
+
+def _torch_dtype_name(dtype) -> str | None:
+    if type(dtype).__name__ != "dtype" or type(dtype).__module__ != "torch":
+        return None
+    return _TORCH_NAMES.get(str(dtype))
+
+
+def info(name: str) -> DTypeInfo:
+    return DTYPES[name]
+
+
+def precise_fp_from_env() -> bool:
+    return os.environ.get(PRECISE_FP_ENV, "1").strip() not in ("0", "false", "False")
+
+
+def storage_dtype(name: str, precise_fp: bool = True) -> np.dtype:
+    """The NumPy dtype that stores ``name`` (fp32 for low-precision floats when not precise)."""
+    d = DTYPES[name]
+    if d.np_dtype is None:
+        from neuron_kernels.interpreter.errors import not_implemented
+
+        raise not_implemented(f"nl.{name} tensors")
+    if not precise_fp and d.is_float and d.itemsize < 4:
+        return np.dtype(np.float32)
+    return np.dtype(d.np_dtype)
+
+
+def sentinel(name: str):
+    """Fresh-memory fill: NaN for floats, 4 for integers (as AWS's simulator)."""
+    return np.nan if DTYPES[name].is_float else 4
+
+
+def _round_tf32(x: np.ndarray) -> np.ndarray:
+    """Round fp32 to tf32 (10 mantissa bits), nearest even; NaN/inf pass through."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    finite = np.isfinite(x)
+    rounded = (bits + 0x0FFF + ((bits >> 13) & 1)) & 0xFFFFE000
+    out = np.where(finite, rounded, bits).astype(np.uint32)
+    return out.view(np.float32)
+
+
+def convert(values: np.ndarray, name: str, precise_fp: bool = True) -> np.ndarray:
+    """Convert computed values (fp32 math or exact integers) to the storage of ``name``.
+
+    Floats round to nearest even (ml_dtypes; out-of-range values follow ml_dtypes, as in
+    AWS's simulator: inf for bf16/fp16/e5m2, NaN for the no-inf fp8 formats); tf32 keeps 10
+    mantissa bits, rounding to nearest even. Float -> integer rounds half to even,
+    saturates and maps NaN to 0 (NKI 0.6 simulator fix, release-notes/components/nki.rst);
+    integer -> integer wraps (bit patterns, as the hardware's bitvec path). With
+    ``precise_fp=False`` sub-32-bit floats and tf32 stay fp32, unrounded (NKI_PRECISE_FP=0
+    "eliminates rounding and truncation effects", nki/guides/nki_simulator.rst).
+    """
+    d = DTYPES[name]
+    target = storage_dtype(name, precise_fp)
+    values = np.asarray(values)
+    src = values.dtype
+    if d.is_float:
+        if src == target:
+            out = values
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf/NaN is meant
+                if src.kind in "iub" or src == np.float64:
+                    # Engines hand over fp32: integers and fp64 pass through fp32 first (one
+                    # rounding from fp32, as the hardware's "to fp32, then to dst" conversions).
+                    out = values.astype(np.float32).astype(target)
+                else:
+                    out = values.astype(target)
+        if name == "tfloat32" and precise_fp:
+            out = _round_tf32(out)
+        return out
+    if d.kind == "bool":
+        return (values != 0).astype(np.uint8)
+    if src.kind in "iub":
+        return values.astype(target)
+    v = np.asarray(values, dtype=np.float64)
+    v = np.where(np.isnan(v), 0.0, np.rint(v))
+    info_ = np.iinfo(target)
+    return np.clip(v, info_.min, info_.max).astype(target)

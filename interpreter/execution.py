@@ -1,0 +1,330 @@
+"""Running a kernel on the interpreter: arguments in, program instances, results out.
+
+Calling convention as ``nki.simulate`` (nki/guides/nki_simulator.rst): NumPy arrays or
+torch CPU tensors become HBM tensors, other arguments pass through; the kernel body runs
+eagerly once per SPMD program instance; returned ``shared_hbm`` tensors come back as the
+same kind of array that went in; HBM inputs the kernel wrote are updated in place.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import itertools
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+
+from neuron_kernels.errors import LimitError
+from neuron_kernels.interpreter import dtypes
+from neuron_kernels.interpreter.context import Launch, ProgramInstance, activate
+from neuron_kernels.interpreter.errors import NkiValidationError
+from neuron_kernels.hardware import Target, default_target, target_from_name
+from neuron_kernels.interpreter.memory import MemoryPeak, check_capacity
+from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor, wrap_host_array
+from neuron_kernels.interpreter.trace import Trace
+
+__all__ = ["Kernel", "Run", "run", "jit", "simulate"]
+
+
+class Kernel:
+    """A kernel function plus its launch grid (``kernel[grid]``)."""
+
+    def __init__(self, fn: Callable, grid: tuple[int, ...] = (), **options: Any) -> None:
+        if isinstance(fn, Kernel):
+            fn, grid = fn.fn, grid or fn.grid
+        self.fn = fn
+        self.grid = grid
+        self.options = options
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid) -> "Kernel":
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        for g in grid:
+            if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
+                raise NkiValidationError("nki.jit", "launch grid", "must be positive ints", grid)
+        return Kernel(self.fn, tuple(int(g) for g in grid), **self.options)
+
+    def __call__(self, *args, **kwargs):
+        return run(self, args, kwargs).outputs
+
+    def __repr__(self) -> str:
+        grid = f"[{', '.join(map(str, self.grid))}]" if self.grid else ""
+        return f"Kernel({self.fn.__name__}){grid}"
+
+
+def jit(fn=None, **kwargs):
+    """Decorate a top-level NKI kernel. On this backend, calling it runs the interpreter
+    (as ``NKI_SIMULATOR=1`` does with the official package)."""
+    if "platform_target" in kwargs:
+        raise NkiValidationError(
+            "nki.jit", "platform_target", "was removed in NKI 0.3.0", kwargs["platform_target"],
+            hint="set NEURON_PLATFORM_TARGET_OVERRIDE instead",
+        )
+    kwargs.pop("mode", None)  # accepted and ignored, as in NKI 0.6
+    if fn is None:
+        return lambda f: Kernel(f, **kwargs)
+    return Kernel(fn, **kwargs)
+
+
+def simulate(kernel):
+    """Return a callable that runs ``kernel`` on the interpreter (``nki.simulate``)."""
+    kernel = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+
+    @functools.wraps(kernel.fn)
+    def simulated(*args, **kwargs):
+        return run(kernel, args, kwargs).outputs
+
+    return simulated
+
+
+@dataclass
+class Run:
+    """The result of one launch: outputs, instruction trace and on-chip memory peaks."""
+
+    outputs: Any
+    trace: Trace
+    target: Target
+    grid: tuple[int, ...]
+    memory: list[MemoryPeak] = field(default_factory=list)
+
+
+def run(
+    kernel,
+    args=(),
+    kwargs=None,
+    *,
+    target: str | Target | None = None,
+    precise_fp: bool | None = None,
+    compute: bool = True,
+) -> Run:
+    """Run ``kernel`` (a :class:`Kernel` or plain function) on the interpreter.
+
+    Args:
+        kernel: the kernel, optionally bound to a grid (``kernel[2]``).
+        args, kwargs: kernel arguments; NumPy arrays and torch CPU tensors become HBM tensors.
+        target: ``trn1``/``trn2``/``trn3``; default ``NEURON_PLATFORM_TARGET_OVERRIDE`` or trn2.
+        precise_fp: store low-precision floats through ml_dtypes; default ``NKI_PRECISE_FP``.
+        compute: False skips the arithmetic but keeps every check, the liveness accounting,
+            the PSUM accumulation state and the trace; for profiling large shapes quickly.
+            Outputs then hold zeros and written inputs are not updated. Checks that depend on
+            values (transpose-mode identity) cannot run.
+    """
+    kernel = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    kwargs = dict(kwargs or {})
+    tgt = _resolve_target(target)
+    precise = dtypes.precise_fp_from_env() if precise_fp is None else precise_fp
+    _check_python_subset(kernel.fn)
+    grid = kernel.grid
+    n_programs = int(np.prod(grid)) if grid else 1
+    launch = Launch(target=tgt, grid=grid, precise_fp=precise, trace=Trace(target=tgt.name), compute=compute)
+    framework = "torch" if any(_is_torch(a) for a in (*args, *kwargs.values())) else "numpy"
+    in_buffer = MemoryRegion.shared_hbm if n_programs > 1 else MemoryRegion.private_hbm
+
+    setup = ProgramInstance(launch, program_id=())
+    hosts: list[tuple[Any, NkiTensor]] = []
+
+    def to_device(name, value):
+        _reject_lists(name, value)
+        for seen_value, seen in hosts:  # the same array passed twice is one HBM tensor
+            if seen_value is value:
+                return seen
+        host = _host_array(name, value)
+        if host is None:
+            return value
+        dtype = dtypes.normalize(host.dtype, "nki.simulate")
+        t = wrap_host_array(setup, host, dtype, in_buffer, name)
+        hosts.append((value, t))
+        return t
+
+    params = _param_names(kernel.fn, len(args))
+    dev_args = [to_device(params[i], a) for i, a in enumerate(args)]
+    dev_kwargs = {k: to_device(k, v) for k, v in kwargs.items()}
+
+    result = None
+    peaks = []
+    ids = list(itertools.product(*(range(g) for g in grid))) if grid else [()]
+    for pid in ids:
+        sim = ProgramInstance(launch, program_id=pid)
+        with activate(sim):
+            result = kernel.fn(*dev_args, **dev_kwargs)
+        _check_outputs(result)
+        peaks.append(check_capacity(sim))
+
+    if compute:  # without arithmetic the values are meaningless: leave the inputs alone
+        for value, t in hosts:
+            if t._storage.written:
+                _write_back(value, t)
+    outputs = _convert_outputs(result, framework)
+    return Run(outputs=outputs, trace=launch.trace, target=tgt, grid=grid, memory=peaks)
+
+
+def _resolve_target(target) -> Target:
+    """The run's target; a bad name is an NkiValidationError, as every interpreter refusal."""
+    try:
+        return target_from_name(target) if target is not None else default_target()
+    except NkiValidationError:
+        raise
+    except LimitError as exc:
+        raise NkiValidationError(exc.op, exc.arg, exc.rule, exc.value) from None
+
+
+# -- argument and result conversion --------------------------------------------------
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter")
+
+
+_TORCH_VIEW = {"bfloat16": ("int16", ml_dtypes.bfloat16), "float8_e4m3fn": ("uint8", ml_dtypes.float8_e4m3fn),
+               "float8_e5m2": ("uint8", ml_dtypes.float8_e5m2)}
+
+
+def _reject_lists(name, value) -> None:
+    """Kernel arguments may not be lists, also inside tuples (NKI language guide)."""
+    if isinstance(value, list):
+        raise NkiValidationError(
+            "nki.jit", f"argument {name!r}", "must not be a list (pass a tuple)", "list"
+        )
+    if isinstance(value, tuple):
+        for i, item in enumerate(value):
+            _reject_lists(f"{name}[{i}]", item)
+
+
+def _host_array(name, value) -> np.ndarray | None:
+    if _is_torch(value):
+        import torch
+
+        t = value.detach()
+        if t.device.type != "cpu":
+            raise NkiValidationError(
+                "nki.simulate", f"argument {name!r}", "must be a CPU tensor", str(t.device)
+            )
+        t = t.contiguous()
+        try:
+            nki_name = dtypes.normalize(t.dtype, "nki.simulate")
+        except NkiValidationError:
+            raise NkiValidationError(
+                "nki.simulate", f"argument {name!r} dtype", "must be an NKI dtype (no float64/int64)",
+                t.dtype,
+            ) from None
+        if nki_name in _TORCH_VIEW:
+            int_name, np_type = _TORCH_VIEW[nki_name]
+            return t.view(getattr(torch, int_name)).numpy().view(np_type)
+        if nki_name == "bool_":
+            return t.numpy().view(np.uint8)
+        return t.numpy()
+    if isinstance(value, np.ndarray):
+        try:
+            dtypes.normalize(value.dtype, "nki.simulate")
+        except NkiValidationError:
+            raise NkiValidationError(
+                "nki.simulate", f"argument {name!r} dtype", "must be an NKI dtype (no float64/int64)",
+                value.dtype,
+            ) from None
+        return value
+    return None
+
+
+def _write_back(value, t: NkiTensor) -> None:
+    """Copy a written HBM argument back into the caller's array / tensor, in place."""
+    data = t._storage.array.reshape(t._storage.shape)
+    if _is_torch(value):
+        value.data.copy_(_to_torch(data, t.dtype).reshape(value.shape))
+    else:
+        value[...] = _to_host_dtype(data, t.dtype).reshape(value.shape).astype(value.dtype, copy=False)
+
+
+def _to_host_dtype(array: np.ndarray, dtype: str) -> np.ndarray:
+    """The array in the NumPy type of ``dtype`` (bool for bool_, bfloat16 under
+    NKI_PRECISE_FP=0 where storage is widened to fp32)."""
+    if dtype == "bool_":
+        return array != 0
+    want = dtypes.storage_dtype(dtype, True)
+    return array if array.dtype == want else array.astype(want)
+
+
+def _to_torch(array: np.ndarray, dtype: str):
+    import torch
+
+    array = np.ascontiguousarray(_to_host_dtype(array, dtype))
+    if dtype in _TORCH_VIEW:
+        int_name = _TORCH_VIEW[dtype][0]
+        return torch.from_numpy(array.view(int_name).copy()).view(getattr(torch, dtype))
+    return torch.from_numpy(array.copy())
+
+
+def _check_outputs(result) -> None:
+    items = result if isinstance(result, (tuple, list)) else (result,)
+    for i, item in enumerate(items):
+        if isinstance(item, NkiTensor) and item.buffer is not MemoryRegion.shared_hbm:
+            raise NkiValidationError(
+                "nki.jit",
+                f"returned tensor {i} ({item.name!r})",
+                "must be allocated in nl.shared_hbm",
+                item.buffer.value,
+                hint="allocate kernel outputs with nl.ndarray(..., buffer=nl.shared_hbm)",
+            )
+
+
+def _convert_outputs(result, framework: str):
+    def convert(item):
+        if not isinstance(item, NkiTensor):
+            return item
+        array = item._read_raw()
+        if framework == "torch":
+            return _to_torch(array, item.dtype)
+        return _to_host_dtype(array, item.dtype)
+
+    if isinstance(result, tuple):
+        return tuple(convert(r) for r in result)
+    if isinstance(result, list):
+        return [convert(r) for r in result]
+    return convert(result)
+
+
+def _param_names(fn, n: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"arg{i}" for i in range(n)]
+
+
+# -- the parts of the NKI Python subset that are cheap to check -----------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _subset_violations(fn) -> tuple[str, ...]:
+    problems = []
+    try:
+        sig = inspect.signature(fn)
+        if any(p.kind is inspect.Parameter.KEYWORD_ONLY for p in sig.parameters.values()):
+            problems.append("kernel signature must not use the keyword-only separator *")
+    except (TypeError, ValueError):
+        pass
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return tuple(problems)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops):
+            problems.append(
+                f"line {node.lineno}: 'is'/'is not' is rejected by the NKI compiler (use == / !=)"
+            )
+            break
+    return tuple(problems)
+
+
+def _check_python_subset(fn) -> None:
+    problems = _subset_violations(fn)
+    if problems:
+        raise NkiValidationError(
+            "nki.jit", f"kernel {getattr(fn, '__name__', fn)!r}", "must stay in the NKI Python subset",
+            "; ".join(problems),
+        )

@@ -1,0 +1,19 @@
+"""``nki`` on the interpreter: ``jit``, ``simulate`` and the ``language`` / ``isa`` namespaces.
+
+Mirrors aws-neuron/aws-neuron-sdk nki/api/nki/__init__.py, so a kernel written against
+``import nki`` runs here unchanged when it imports NKI from ``neuron_kernels.backend``.
+"""
+
+from __future__ import annotations
+
+from neuron_kernels.interpreter.errors import not_implemented as _not_implemented
+from neuron_kernels.interpreter.execution import Kernel, jit, simulate
+from neuron_kernels.interpreter.nki import isa, language
+
+__all__ = ["jit", "simulate", "Kernel", "language", "isa"]
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise _not_implemented(f"nki.{name}", known=name in {"collectives", "benchmark", "profile", "baremetal"})

@@ -1,0 +1,989 @@
+"""Memory and tensors: allocations (:class:`Storage`) and strided views (:class:`NkiTensor`).
+
+A tensor is storage + view: element ``(i0, ..., in-1)`` lives at storage element
+``offset + sum(strides[k] * ik)`` (nki/get-started/nki-language-guide.rst). Views never
+copy. On-chip tensors (SBUF, PSUM) keep the partition dimension at dim 0; view methods
+enforce the constraints the API stubs document (nki/api/nki/language/__init__.py), and a
+view never addresses memory outside its allocation (on-chip: outside its partitions or
+outside its bytes in a partition). Views are immutable once made.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+import numpy as np
+
+from neuron_kernels.interpreter import dtypes
+from neuron_kernels.interpreter.errors import NkiValidationError, not_implemented
+from neuron_kernels.interpreter.trace import Access
+
+__all__ = ["MemoryRegion", "NKIObject", "NkiTensor", "DynamicSlice", "Storage", "wrap_host_array"]
+
+
+class MemoryRegion(enum.Enum):
+    """Memory region constants (``nl.sbuf``, ``nl.psum``, ``nl.private_hbm``, ``nl.shared_hbm``)."""
+
+    sbuf = "sbuf"
+    psum = "psum"
+    private_hbm = "private_hbm"
+    shared_hbm = "shared_hbm"
+
+    def __repr__(self) -> str:
+        return f"nl.{self.value}"
+
+    @property
+    def on_chip(self) -> bool:
+        return self is MemoryRegion.sbuf or self is MemoryRegion.psum
+
+    @property
+    def is_hbm(self) -> bool:
+        return self is MemoryRegion.private_hbm or self is MemoryRegion.shared_hbm
+
+
+class NKIObject:
+    """Base class for NKI kernel dataclasses and configuration objects."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+
+class DynamicSlice:
+    """``nl.ds(start, size)``: the slice ``start:start+size``."""
+
+    __slots__ = ("start", "size")
+
+    def __init__(self, start: int, size: int) -> None:
+        self.start = start
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"nl.ds({self.start}, {self.size})"
+
+
+# PSUM per-element state for nc_matmul accumulate inference.
+PSUM_UNWRITTEN, PSUM_VALUE_WRITTEN, PSUM_MATMUL_WRITTEN = 0, 1, 2
+
+
+class Storage:
+    """One allocation: a flat physical array plus what the interpreter tracks about it.
+
+    ``array`` is None when the launch does not compute (``run(..., compute=False)``):
+    shapes, checks, liveness and PSUM state are kept, the values are not.
+    """
+
+    __slots__ = (
+        "uid", "array", "dtype", "buffer", "shape", "name", "psum_state", "first_use",
+        "last_use", "host", "written", "precise_fp", "compute", "size", "itemsize",
+        "partition_elems", "bytes_per_partition", "on_chip",
+    )
+
+    def __init__(self, uid, shape, dtype, buffer, name, precise_fp, array=None, compute=True):
+        self.uid = uid
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.buffer = buffer
+        self.on_chip = buffer.on_chip
+        self.name = name
+        self.precise_fp = precise_fp
+        self.compute = compute
+        self.size = math.prod(self.shape)
+        self.itemsize = dtypes.info(dtype).itemsize
+        # Elements per partition (on-chip); the partition stride of a fresh view.
+        self.partition_elems = math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+        self.bytes_per_partition = self.partition_elems * self.itemsize
+        if array is None and compute:
+            array = np.full(
+                self.size, dtypes.sentinel(dtype), dtype=dtypes.storage_dtype(dtype, precise_fp)
+            )
+        self.array = array if compute else None
+        self.psum_state = (
+            np.zeros(self.size, dtype=np.uint8) if buffer is MemoryRegion.psum else None
+        )
+        self.first_use = -1
+        self.last_use = -1
+        self.written = False
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+class NkiTensor(NKIObject):
+    """NKI tensor: a strided view of one allocation.
+
+    Attributes match the API: ``shape``, ``strides``, ``offset`` (elements), ``name``,
+    ``dtype`` (an NKI dtype string), ``buffer`` (a :class:`MemoryRegion`), ``ndim``, ``size``.
+    """
+
+    def __init__(self, shape, dtype, storage, buffer=MemoryRegion.sbuf, name: str = ""):
+        dtype = dtypes.normalize(dtype, "NkiTensor")
+        if not isinstance(storage, Storage):
+            raise not_implemented("NkiTensor(storage=<non-simulator storage>)")
+        self._init_view(storage, tuple(shape), _contiguous_strides(tuple(shape)), 0, dtype, name)
+
+    # -- construction --------------------------------------------------------------
+    def _init_view(self, storage, shape, strides, offset, dtype, name):
+        self._storage = storage
+        self.shape = tuple(map(int, shape))
+        self.strides = tuple(map(int, strides))
+        self.offset = int(offset)
+        self.dtype = dtype
+        self.name = name or storage.name
+        self._acc = None  # cached trace Access (views are immutable)
+
+    @classmethod
+    def _make(cls, storage, shape, strides, offset, dtype=None, name=None) -> "NkiTensor":
+        t = cls.__new__(cls)
+        t._init_view(storage, shape, strides, offset, dtype or storage.dtype, name or storage.name)
+        return t
+
+    def _derive(self, api, shape, strides, offset, dtype=None) -> "NkiTensor":
+        """A new view of the same storage, bounds-checked."""
+        view = NkiTensor._make(self._storage, shape, strides, offset, dtype or self.dtype, self.name)
+        view._check_bounds(api)
+        return view
+
+    # -- attributes ----------------------------------------------------------------
+    @property
+    def buffer(self) -> MemoryRegion:
+        return self._storage.buffer
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def on_chip(self) -> bool:
+        return self._storage.on_chip
+
+    @property
+    def itemsize(self) -> int:
+        return dtypes.DTYPES[self.dtype].itemsize
+
+    @property
+    def partitions(self) -> int:
+        """Partition count of an on-chip operand (dim 0)."""
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def elems_per_partition(self) -> int:
+        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+
+    @property
+    def free_size(self) -> int:
+        return self.elems_per_partition
+
+    def __repr__(self) -> str:
+        return (
+            f"NkiTensor(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
+            f"buffer={self.buffer!r})"
+        )
+
+    def __bool__(self):
+        raise TypeError(
+            "NkiTensor has no truth value at trace time: tensor contents are only known on the "
+            "device. Compare with None using == / != or use a predicated instruction."
+        )
+
+    def __iter__(self):
+        # Without this, Python would iterate through __getitem__(0), (1), ... until an error.
+        raise TypeError("NkiTensor is not iterable; index or slice it explicitly")
+
+    # Python arithmetic on tensors is not part of the 0.6 API (nki-api-subset section 3.3).
+    def _no_arith(self, *_):
+        raise not_implemented("NkiTensor arithmetic operators (use nisa.tensor_tensor / tensor_scalar)")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_arith
+    __truediv__ = __rtruediv__ = __matmul__ = __neg__ = __pow__ = _no_arith
+
+    # -- physical access -------------------------------------------------------------
+    def _np_dtype(self) -> np.dtype:
+        return dtypes.storage_dtype(self.dtype, self._storage.precise_fp)
+
+    def _flat(self) -> np.ndarray:
+        """The storage reinterpreted in this view's dtype (1-D); compute launches only."""
+        arr = self._storage.array
+        want = self._np_dtype()
+        return arr if arr.dtype == want else arr.view(want)
+
+    def _array(self) -> np.ndarray:
+        """A NumPy view (no copy) with this tensor's shape and strides."""
+        flat = self._flat()
+        item = flat.dtype.itemsize
+        return np.ndarray(
+            self.shape,
+            dtype=flat.dtype,
+            buffer=flat,
+            offset=self.offset * item,
+            strides=tuple(s * item for s in self.strides),
+        )
+
+    def _read_raw(self) -> np.ndarray:
+        """A copy of the values in the storage dtype (zeros when the launch does not compute)."""
+        if not self._storage.compute:
+            return np.zeros(self.shape, dtype=self._np_dtype())
+        return np.array(self._array())
+
+    def _read_f32(self) -> np.ndarray:
+        """A copy of the values as fp32 (zeros when the launch does not compute)."""
+        if not self._storage.compute:
+            return np.zeros(self.shape, dtype=np.float32)
+        return self._array().astype(np.float32)
+
+    def _view_f32(self) -> np.ndarray:
+        """The values as fp32 for reading only: a view when stored as fp32, else a copy."""
+        if not self._storage.compute:
+            return np.zeros(self.shape, dtype=np.float32)
+        arr = self._array()
+        return arr if arr.dtype == np.float32 else arr.astype(np.float32)
+
+    def _copy_raw_from(self, src: "NkiTensor") -> None:
+        """``self = src`` bit-exactly in row-major order (same storage dtype, same element
+        count); one copy, correct when the two views overlap (NumPy buffers overlaps)."""
+        if self._storage.compute:
+            values = src._array()
+            if values.shape != self.shape:
+                values = values.reshape(self.shape)
+            self._array()[...] = values
+        self._storage.written = True
+        if self._storage.psum_state is not None:
+            self._psum_state()[...] = PSUM_VALUE_WRITTEN
+
+    def _write(self, values, *, raw: bool = False) -> None:
+        """Write values (same number of elements, row-major) through this view.
+
+        ``raw``: values are already in this tensor's storage dtype (bit-exact copies).
+        Otherwise they are rounded once into this tensor's dtype.
+        """
+        if self._storage.compute:
+            values = np.asarray(values)
+            if not raw:
+                values = dtypes.convert(values, self.dtype, self._storage.precise_fp)
+            self._array()[...] = values.reshape(self.shape)
+        self._storage.written = True
+        if self._storage.psum_state is not None:
+            # A non-matmul write ends any accumulation group; nc_matmul re-marks its own.
+            self._psum_state()[...] = PSUM_VALUE_WRITTEN
+
+    def _psum_state(self) -> np.ndarray:
+        """Per-element PSUM state (unwritten / value-written / matmul-written) of this view."""
+        if self.itemsize != self._storage.itemsize:
+            raise not_implemented("PSUM writes through a view reinterpreted to another element size")
+        return np.ndarray(
+            self.shape, dtype=np.uint8, buffer=self._storage.psum_state,
+            offset=self.offset, strides=self.strides,
+        )
+
+    # -- bounds and trace records --------------------------------------------------
+    def _extent(self) -> tuple[int, int]:
+        lo = hi = self.offset
+        for n, s in zip(self.shape, self.strides):
+            if s >= 0:
+                hi += (n - 1) * s
+            else:
+                lo += (n - 1) * s
+        return lo, hi
+
+    def _total_elems(self) -> int:
+        """Storage size counted in this view's element size."""
+        st = self._storage
+        return st.size * st.itemsize // self.itemsize
+
+    def _check_bounds(self, api: str) -> None:
+        """Every addressed element lies inside the allocation; on-chip, inside its partitions
+        and inside each partition's bytes, with dim 0 stepping whole partitions."""
+        for n in self.shape:
+            if n < 1:
+                raise NkiValidationError(api, "shape", "must have positive sizes", self.shape)
+        lo, hi = self._extent()
+        total = self._total_elems()
+        if lo < 0 or hi >= total:
+            raise NkiValidationError(
+                api,
+                "access",
+                f"must stay inside the {total}-element allocation {self._storage.name!r}",
+                f"elements {lo}..{hi}",
+            )
+        if not self.on_chip or not self.shape:
+            return
+        pstride = self._partition_stride()
+        if self.shape[0] > 1 and self.strides[0] != pstride:
+            raise NkiValidationError(
+                api,
+                "partition step",
+                f"must be one whole partition ({pstride} elements of {self.dtype}): hardware "
+                "reads consecutive partitions with the same free pattern",
+                self.strides[0],
+                limit=pstride,
+            )
+        pstart, inner = divmod(self.offset, pstride)
+        flo = fhi = inner
+        for n, s in zip(self.shape[1:], self.strides[1:]):
+            if s >= 0:
+                fhi += (n - 1) * s
+            else:
+                flo += (n - 1) * s
+        if flo < 0 or fhi >= pstride:
+            raise NkiValidationError(
+                api,
+                "free access",
+                f"must stay inside one partition's {pstride} elements of {self._storage.name!r}",
+                f"elements {flo}..{fhi} of the partition",
+                limit=pstride,
+            )
+        n_parts = self._storage.shape[0] if len(self._storage.shape) > 1 else self._storage.size
+        if pstart + self.shape[0] > n_parts:
+            raise NkiValidationError(
+                api, "partition range", f"must stay inside the {n_parts} partitions allocated",
+                f"partitions {pstart}..{pstart + self.shape[0] - 1}", limit=n_parts,
+            )
+
+    def _partition_stride(self) -> int:
+        """Storage elements (in this dtype) between two partitions."""
+        st = self._storage
+        return st.partition_elems * st.itemsize // self.itemsize
+
+    def _free_dims(self) -> list[tuple[int, int]]:
+        """(count, stride) of the free dims, on-chip only."""
+        return list(zip(self.shape[1:], self.strides[1:]))
+
+    def _access(self) -> Access:
+        """This operand's trace record (cached: views are immutable)."""
+        acc = self._acc
+        if acc is not None:
+            return acc
+        st = self._storage
+        shape, strides = self.shape, self.strides
+        item = dtypes.DTYPES[self.dtype].itemsize
+        if st.on_chip:
+            pstart, lo = divmod(self.offset, st.partition_elems * st.itemsize // item)
+            first, partitions = 1, (shape[0] if shape else 1)
+            epp = math.prod(shape[1:])
+        else:
+            pstart, lo = 0, self.offset
+            first, partitions = 0, (shape[0] if len(shape) > 1 else 1)
+            epp = math.prod(shape) // partitions
+        # One pass from the innermost dim: byte extent (size-1 dims add nothing), innermost
+        # stride, and the innermost contiguous run.
+        hi = lo
+        run = expect = inner = 1
+        found = False
+        open_run = True
+        for i in range(len(shape) - 1, first - 1, -1):
+            n = shape[i]
+            if n == 1:
+                continue
+            s = strides[i]
+            if s >= 0:
+                hi += (n - 1) * s
+            else:
+                lo += (n - 1) * s
+            if not found:
+                inner, found = s, True
+            if open_run:
+                if s == expect:
+                    run *= n
+                    expect *= n
+                else:
+                    open_run = False
+        acc = self._acc = Access(
+            storage=st.uid,
+            name=st.name,
+            buffer=st.buffer.value,
+            dtype=self.dtype,
+            shape=shape,
+            itemsize=item,
+            partition_start=pstart,
+            partitions=partitions,
+            elems_per_partition=epp,
+            byte_lo=lo * item,
+            byte_hi=(hi + 1) * item,
+            contiguous_bytes=run * item,
+            inner_stride_bytes=abs(inner) * item,
+        )
+        return acc
+
+    # -- indexing ------------------------------------------------------------------
+    def __getitem__(self, key) -> "NkiTensor":
+        """NumPy-style basic indexing, returning a view (nki/api/nki/language ``__getitem__``).
+
+        Differences from NumPy, as documented: on-chip, an int on dim 0 keeps the partition
+        dim with size 1, and the result keeps at least 2 dims (the last int-indexed free dim
+        stays with size 1); HBM results keep at least 1 dim; out-of-range bounds are errors,
+        not clamped; steps must be >= 1 and the partition dim cannot be strided.
+        """
+        api = "NkiTensor.__getitem__"
+        if not isinstance(key, tuple):
+            key = (key,)
+        ndim = len(self.shape)
+        n_ellipsis = 0
+        for k in key:
+            if k is Ellipsis:
+                n_ellipsis += 1
+        if n_ellipsis > 1:
+            raise NkiValidationError(api, "index", "may contain at most one Ellipsis", key)
+        n_explicit = len(key) - n_ellipsis
+        if n_explicit > ndim:
+            raise NkiValidationError(api, "index", f"must have at most {ndim} entries", key)
+        if n_ellipsis:
+            pos = key.index(Ellipsis)
+            key = key[:pos] + (slice(None),) * (ndim - n_explicit) + key[pos + 1 :]
+        elif len(key) < ndim:
+            key = key + (slice(None),) * (ndim - len(key))
+
+        on_chip = self.on_chip
+        shape, strides, offset = [], [], self.offset
+        dropped: list[int] = []  # dims removed by an integer index, by original position
+        kept_positions: list[int] = []
+        for dim in range(ndim):
+            k, n, s = key[dim], self.shape[dim], self.strides[dim]
+            if type(k) is slice:
+                if k.start is None and k.stop is None and k.step is None:
+                    shape.append(n)
+                    strides.append(s)
+                    kept_positions.append(dim)
+                    continue
+                start, stop, step = _resolve_slice(api, dim, k, n)
+            elif type(k) is DynamicSlice:
+                start, size = k.start, k.size
+                if type(start) is not int:
+                    start = _int(api, "nl.ds start", start)
+                if type(size) is not int:
+                    size = _int(api, "nl.ds size", size)
+                if start < 0 or size < 1 or start + size > n:
+                    raise NkiValidationError(
+                        api, f"nl.ds on dim {dim}",
+                        f"must satisfy 0 <= start and 1 <= size and start + size <= {n}", k,
+                    )
+                stop, step = start + size, 1
+            elif type(k) is int or _is_int(k):
+                i = int(k)
+                if i < -n or i >= n:
+                    raise NkiValidationError(api, f"index on dim {dim}", f"must be in [-{n}, {n})", i)
+                i %= n
+                offset += i * s
+                if on_chip and dim == 0:
+                    shape.append(1)
+                    strides.append(s)
+                    kept_positions.append(dim)
+                else:
+                    dropped.append(dim)
+                continue
+            elif isinstance(k, NkiTensor):
+                raise not_implemented("NkiTensor.__getitem__ with a tensor index (dynamic select)")
+            else:
+                raise NkiValidationError(
+                    api, f"index on dim {dim}", "must be an int, slice, Ellipsis or nl.ds", repr(k)
+                )
+            count = (stop - start + step - 1) // step
+            if on_chip and dim == 0 and step != 1 and count > 1:
+                raise NkiValidationError(
+                    api, "partition step", "must be 1 (on-chip operands use consecutive partitions)",
+                    step, limit=1,
+                )
+            offset += start * s
+            shape.append(count)
+            strides.append(s * step)
+            kept_positions.append(dim)
+
+        min_dims = 2 if on_chip else 1
+        if len(shape) < min_dims and dropped:
+            # Keep the last integer-indexed dim as size 1 (on-chip views stay >= 2-D).
+            last = dropped[-1]
+            insert_at = sum(1 for p in kept_positions if p < last)
+            shape.insert(insert_at, 1)
+            strides.insert(insert_at, self.strides[last])
+        return self._derive(api, shape, strides, offset)
+
+    def __setitem__(self, key, value) -> None:
+        """``t[key] = value``: a copy into the view (older docs' assignment form).
+
+        Tiles copy through ``nisa.tensor_copy`` (on-chip) or ``nisa.dma_copy`` (HBM
+        involved); a scalar fills through ``nisa.memset``.
+        """
+        from neuron_kernels.interpreter.instructions import dma, vector
+
+        dst = self[key]
+        if isinstance(value, NkiTensor):
+            if dst.on_chip and value.on_chip:
+                vector.tensor_copy(dst=dst, src=value)
+            else:
+                dma.dma_copy(dst=dst, src=value)
+        else:
+            vector.memset(dst=dst, value=value)
+
+    # -- view methods (nki/api/nki/language/__init__.py) ------------------------------
+    def _norm_dim(self, api, dim, ndim=None, arg="dim") -> int:
+        ndim = self.ndim if ndim is None else ndim
+        if not _is_int(dim) or not -ndim <= dim < ndim:
+            raise NkiValidationError(api, arg, f"must be an int in [-{ndim}, {ndim})", dim)
+        return int(dim) % ndim
+
+    def permute(self, dims) -> "NkiTensor":
+        api = "NkiTensor.permute"
+        try:
+            dims = tuple(dims)
+        except TypeError:
+            raise NkiValidationError(api, "dims", "must be a tuple of ints", dims) from None
+        if not all(_is_int(d) for d in dims) or sorted(dims) != list(range(self.ndim)):
+            raise NkiValidationError(api, "dims", f"must be a permutation of range({self.ndim})", dims)
+        if self.on_chip and dims[0] != 0:
+            raise NkiValidationError(
+                api, "dims[0]", "must be 0 on-chip (partition dim stays first)", dims[0], limit=0
+            )
+        return self._derive(
+            api, [self.shape[d] for d in dims], [self.strides[d] for d in dims], self.offset
+        )
+
+    def broadcast(self, dim: int, size: int) -> "NkiTensor":
+        api = "NkiTensor.broadcast"
+        dim = self._norm_dim(api, dim)
+        if self.shape[dim] != 1:
+            raise NkiValidationError(api, f"shape[{dim}]", "must be 1", self.shape[dim], limit=1)
+        if self.on_chip and dim == 0:
+            raise NkiValidationError(api, "dim", "must not be 0 (partition dim) on-chip", dim)
+        if not _is_int(size) or size < 1:
+            raise NkiValidationError(api, "size", "must be a positive int", size)
+        shape, strides = list(self.shape), list(self.strides)
+        shape[dim], strides[dim] = int(size), 0
+        return self._derive(api, shape, strides, self.offset)
+
+    def expand_dim(self, dim: int) -> "NkiTensor":
+        api = "NkiTensor.expand_dim"
+        dim = self._norm_dim(api, dim, self.ndim + 1)
+        if self.on_chip and dim == 0:
+            raise NkiValidationError(api, "dim", "must not be 0 (partition dim) on-chip", dim)
+        shape, strides = list(self.shape), list(self.strides)
+        # The new dim's stride keeps it contiguous with the dim it is inserted before.
+        stride = strides[dim] * shape[dim] if dim < len(shape) else 1
+        shape.insert(dim, 1)
+        strides.insert(dim, stride)
+        return self._derive(api, shape, strides, self.offset)
+
+    def squeeze_dim(self, dim: int) -> "NkiTensor":
+        api = "NkiTensor.squeeze_dim"
+        dim = self._norm_dim(api, dim)
+        if self.shape[dim] != 1:
+            raise NkiValidationError(api, f"shape[{dim}]", "must be 1", self.shape[dim], limit=1)
+        if self.on_chip and dim == 0:
+            raise NkiValidationError(api, "dim", "must not be 0 (partition dim) on-chip", dim)
+        if self.ndim == 1:
+            raise NkiValidationError(api, "dim", "must leave at least one dim", dim)
+        shape, strides = list(self.shape), list(self.strides)
+        del shape[dim], strides[dim]
+        return self._derive(api, shape, strides, self.offset)
+
+    def reshape_dim(self, dim: int, shape) -> "NkiTensor":
+        api = "NkiTensor.reshape_dim"
+        dim = self._norm_dim(api, dim)
+        try:
+            parts = tuple(shape)
+        except TypeError:
+            raise NkiValidationError(api, "shape", "must be a tuple of ints", shape) from None
+        parts = _infer_shape(api, parts, self.shape[dim])
+        if self.on_chip and dim == 0 and len(parts) != 1:
+            raise NkiValidationError(api, "dim", "must not be 0 (partition dim) on-chip", dim)
+        sub_strides, acc = [], self.strides[dim]
+        for n in reversed(parts):
+            sub_strides.append(acc)
+            acc *= n
+        new_shape = list(self.shape[:dim]) + list(parts) + list(self.shape[dim + 1 :])
+        new_strides = list(self.strides[:dim]) + sub_strides[::-1] + list(self.strides[dim + 1 :])
+        return self._derive(api, new_shape, new_strides, self.offset)
+
+    def flatten_dims(self, start_dim: int, end_dim: int) -> "NkiTensor":
+        api = "NkiTensor.flatten_dims"
+        start = self._norm_dim(api, start_dim, arg="start_dim")
+        end = self._norm_dim(api, end_dim, arg="end_dim")
+        if start > end:
+            raise NkiValidationError(api, "start_dim", f"must be <= end_dim ({end})", start)
+        if self.on_chip and start == 0:
+            raise NkiValidationError(api, "start_dim", "must be > 0 on-chip", start)
+        # Size-1 dims do not address anything, so their strides do not matter.
+        real = [d for d in range(start, end + 1) if self.shape[d] != 1]
+        for a, b in zip(real, real[1:]):
+            if self.strides[a] != self.strides[b] * self.shape[b]:
+                raise NkiValidationError(
+                    api, f"dims {start}..{end}", "must be contiguous in memory",
+                    f"shape {self.shape}, strides {self.strides}",
+                )
+        merged = math.prod(self.shape[start : end + 1])
+        inner = self.strides[real[-1]] if real else self.strides[end]
+        shape = list(self.shape[:start]) + [merged] + list(self.shape[end + 1 :])
+        strides = list(self.strides[:start]) + [inner] + list(self.strides[end + 1 :])
+        return self._derive(api, shape, strides, self.offset)
+
+    def reshape(self, shape) -> "NkiTensor":
+        api = "NkiTensor.reshape"
+        if _is_int(shape):
+            shape = (shape,)
+        try:
+            shape = tuple(shape)
+        except TypeError:
+            raise NkiValidationError(api, "shape", "must be a tuple of ints", shape) from None
+        new_shape = _infer_shape(api, shape, self.size)
+        if self.on_chip and new_shape[0] != self.shape[0]:
+            raise NkiValidationError(
+                api, "shape[0]", f"must equal the partition dim {self.shape[0]} on-chip",
+                new_shape[0], limit=self.shape[0],
+            )
+        if self.on_chip:
+            # The partition dim is its own block: only the free dims are reshaped.
+            free = _reshape_strides(self.shape[1:], self.strides[1:], new_shape[1:])
+            strides = None if free is None else (self.strides[0],) + tuple(free)
+        else:
+            strides = _reshape_strides(self.shape, self.strides, new_shape)
+        if strides is None:
+            raise NkiValidationError(
+                api, "shape", f"must be reachable without a copy from shape {self.shape} with "
+                f"strides {self.strides}", new_shape,
+            )
+        return self._derive(api, new_shape, strides, self.offset)
+
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> "NkiTensor":
+        """einops-style split / permute / merge, built from reshape_dim, permute and
+        flatten_dims (so each step keeps that method's constraints).
+
+        ``t.rearrange(('b', ('h', 'w')), ('b', 'w', 'h'), {'h': 4})`` on ``(128, 24)``
+        gives ``(128, 6, 4)``. In a source group every size but one must be known from
+        ``fixed_sizes``; the last unknown one is inferred.
+        """
+        api = "NkiTensor.rearrange"
+        fixed = {} if fixed_sizes is None else dict(fixed_sizes)
+        src = _parse_pattern(api, "src_pattern", src_pattern)
+        dst = _parse_pattern(api, "dst_pattern", dst_pattern)
+        if len(src) != self.ndim:
+            raise NkiValidationError(
+                api, "src_pattern", f"must name {self.ndim} dims (one per tensor dim)", src_pattern
+            )
+        src_names = [n for g in src for n in g]
+        dst_names = [n for g in dst for n in g]
+        for arg, names, pat in (("src_pattern", src_names, src_pattern),
+                                ("dst_pattern", dst_names, dst_pattern)):
+            if len(set(names)) != len(names):
+                raise NkiValidationError(api, arg, "must not repeat a dim name", pat)
+        if sorted(src_names) != sorted(dst_names):
+            raise NkiValidationError(
+                api, "dst_pattern", f"must use exactly the names of src_pattern {tuple(src_names)}",
+                dst_pattern,
+            )
+        for name, size in fixed.items():
+            if name not in src_names:
+                raise NkiValidationError(api, "fixed_sizes", "must only name dims of src_pattern", name)
+            if not _is_int(size) or size < 1:
+                raise NkiValidationError(api, f"fixed_sizes[{name!r}]", "must be a positive int", size)
+        t, dim = self, 0
+        for group, n in zip(src, self.shape):
+            if len(group) > 1:
+                unknown = [g for g in group if g not in fixed]
+                if len(unknown) > 1:
+                    raise NkiValidationError(
+                        api, "fixed_sizes", f"must give all but one size of the group {group}",
+                        fixed,
+                    )
+                t = t.reshape_dim(dim, tuple(fixed.get(g, -1) for g in group))
+            elif group[0] in fixed and fixed[group[0]] != n:
+                raise NkiValidationError(
+                    api, f"fixed_sizes[{group[0]!r}]", f"must equal the dim size {n}",
+                    fixed[group[0]], limit=n,
+                )
+            dim += len(group)
+        t = t.permute(tuple(src_names.index(name) for name in dst_names))
+        dim = 0
+        for group in dst:
+            if len(group) > 1:
+                t = t.flatten_dims(dim, dim + len(group) - 1)
+            dim += 1
+        return t
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
+        api = "NkiTensor.slice"
+        dim = self._norm_dim(api, dim)
+        n = self.shape[dim]
+        if not (_is_int(start) and _is_int(end) and 0 <= start < end <= n):
+            raise NkiValidationError(
+                api, "start/end", f"must satisfy 0 <= start < end <= {n}", (start, end), limit=n
+            )
+        if not _is_int(step) or step < 1:
+            raise NkiValidationError(api, "step", "must be an int >= 1", step, limit=1)
+        key = [slice(None)] * self.ndim
+        key[dim] = slice(int(start), int(end), int(step))
+        return self[tuple(key)]
+
+    def select(self, dim: int, index) -> "NkiTensor":
+        """Static select: ``index`` along ``dim``, which is removed (slice + squeeze_dim)."""
+        api = "NkiTensor.select"
+        dim = self._norm_dim(api, dim)
+        if isinstance(index, NkiTensor):
+            raise not_implemented("NkiTensor.select with a tensor index (dynamic select)")
+        if not _is_int(index) or not 0 <= index < self.shape[dim]:
+            raise NkiValidationError(
+                api, "index", f"must be an int in [0, {self.shape[dim]})", index, limit=self.shape[dim]
+            )
+        if self.on_chip and dim == 0:
+            raise NkiValidationError(api, "dim", "must not be 0 (partition dim) on-chip", dim)
+        shape, strides = list(self.shape), list(self.strides)
+        offset = self.offset + int(index) * strides[dim]
+        del shape[dim], strides[dim]
+        if not shape:  # HBM 1-D: keep one dim, as indexing does
+            shape, strides = [1], [1]
+        return self._derive(api, shape, strides, offset)
+
+    def vector_select(self, dim, vector_offset):
+        raise not_implemented("NkiTensor.vector_select")
+
+    def indirect(self, index, num_elem=None):
+        raise not_implemented("NkiTensor.indirect")
+
+    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0,
+           dtype=None):
+        """Raw access pattern ``[[step, num], ...]`` on the underlying storage (not
+        composable with the view's shape/strides).
+
+        [CONFLICT] An integer ``offset`` is added to this view's storage offset, as the 0.6
+        API stub says; nki/get-started/nki-language-guide.rst reads it as an absolute
+        override. Both agree on fresh tensors (offset 0), where production code uses it.
+        With ``dtype``, the base offset, pattern and ``offset`` count elements of that dtype.
+        """
+        api = "NkiTensor.ap"
+        if scalar_offset is not None or vector_offset is not None:
+            raise not_implemented("NkiTensor.ap with scalar_offset/vector_offset (indirect access)")
+        view_dtype = dtypes.normalize(dtype, api) if dtype is not None else self.dtype
+        pairs = []
+        try:
+            for p in pattern:
+                step, num = p
+                if not (_is_int(step) and _is_int(num)):
+                    raise TypeError
+                pairs.append((int(step), int(num)))
+        except (TypeError, ValueError):
+            raise NkiValidationError(
+                api, "pattern", "must be a list of [step, num] int pairs", pattern
+            ) from None
+        if not pairs:
+            raise NkiValidationError(api, "pattern", "must not be empty", pattern)
+        if offset is not None and not _is_int(offset):
+            raise NkiValidationError(api, "offset", "must be an int or None", offset)
+        self._check_reinterpret(api, view_dtype)
+        byte_base = self.offset * self.itemsize
+        new_item = dtypes.info(view_dtype).itemsize
+        if self.on_chip and self._storage.bytes_per_partition % new_item:
+            raise NkiValidationError(
+                api, "dtype", f"must divide the {self._storage.bytes_per_partition} bytes of a "
+                "partition into whole elements", view_dtype,
+            )
+        if byte_base % new_item:
+            raise NkiValidationError(
+                api, "dtype", f"must keep the base offset ({byte_base} bytes) element-aligned",
+                view_dtype,
+            )
+        new_offset = byte_base // new_item + (0 if offset is None else int(offset))
+        view = NkiTensor._make(
+            self._storage, [n for _, n in pairs], [s for s, _ in pairs], new_offset, view_dtype
+        )
+        view._check_bounds(api)
+        return view
+
+    def _check_reinterpret(self, api, new_dtype) -> None:
+        """Bit reinterpretation needs bit-exact storage: not available for low-precision
+        floats stored widened to fp32 under NKI_PRECISE_FP=0."""
+        st = self._storage
+        if new_dtype == st.dtype or st.precise_fp:
+            return
+        if dtypes.storage_dtype(new_dtype, False) != dtypes.storage_dtype(new_dtype, True) or \
+                dtypes.storage_dtype(st.dtype, False) != dtypes.storage_dtype(st.dtype, True):
+            raise not_implemented(
+                f"{api} reinterpreting {st.dtype} as {new_dtype} under NKI_PRECISE_FP=0 "
+                "(low-precision floats are stored as fp32, so their bits do not exist)"
+            )
+
+    def view(self, dtype) -> "NkiTensor":
+        """Reinterpret the bits as ``dtype``; the last dim scales by the size ratio."""
+        api = "NkiTensor.view"
+        new = dtypes.normalize(dtype, api)
+        if dtypes.info(new).kind == "packed":
+            raise not_implemented(f"{api} to the packed dtype {new}")
+        self._check_reinterpret(api, new)
+        old_size, new_size = self.itemsize, dtypes.info(new).itemsize
+        if new_size == old_size:
+            return self._derive(api, self.shape, self.strides, self.offset, new)
+        if self.strides[-1] != 1 and self.shape[-1] != 1:
+            raise NkiValidationError(
+                api, "last dim stride", "must be 1 (contiguous)", self.strides[-1], limit=1
+            )
+        if new_size < old_size:
+            r = old_size // new_size
+            shape = list(self.shape[:-1]) + [self.shape[-1] * r]
+            strides = [s * r for s in self.strides[:-1]] + [1]
+            return self._derive(api, shape, strides, self.offset * r, new)
+        r = new_size // old_size
+        if self.shape[-1] % r:
+            raise NkiValidationError(
+                api, "last dim", f"must be divisible by the dtype size ratio {r}", self.shape[-1],
+                limit=r,
+            )
+        if self.offset % r or any(s % r for s in self.strides[:-1]):
+            raise NkiValidationError(
+                api, "offset and strides", f"must be divisible by the dtype size ratio {r}",
+                (self.offset, self.strides), limit=r,
+            )
+        shape = list(self.shape[:-1]) + [self.shape[-1] // r]
+        strides = [s // r for s in self.strides[:-1]] + [1]
+        return self._derive(api, shape, strides, self.offset // r, new)
+
+    reinterpret_cast = view
+
+    def is_contiguous(self) -> bool:
+        """Row-major contiguity of the non-size-1 dims (on-chip: free dims only)."""
+        dims = self._free_dims() if self.on_chip else list(zip(self.shape, self.strides))
+        expect = 1
+        for n, s in reversed(dims):
+            if n == 1:
+                continue
+            if s != expect:
+                return False
+            expect *= n
+        return True
+
+    def get_pattern(self) -> list[list[int]]:
+        """``[[stride, count], ...]`` per dim, in the order of ``shape``."""
+        return [[s, n] for n, s in zip(self.shape, self.strides)]
+
+    def is_indirect(self) -> bool:
+        return False
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _int(api, what, x) -> int:
+    if not _is_int(x):
+        raise NkiValidationError(api, what, "must be a compile-time int", x)
+    return int(x)
+
+
+def _resolve_slice(api, dim, k: slice, n: int) -> tuple[int, int, int]:
+    step, start, stop = k.step, k.start, k.stop
+    step = 1 if step is None else step if type(step) is int else _int(api, "slice step", step)
+    if step < 1:
+        raise NkiValidationError(api, f"slice step on dim {dim}", "must be >= 1", step, limit=1)
+    start = 0 if start is None else start if type(start) is int else _int(api, "slice start", start)
+    stop = n if stop is None else stop if type(stop) is int else _int(api, "slice stop", stop)
+    if start < 0:
+        start += n
+    if stop < 0:
+        stop += n
+    # NKI does not clamp like NumPy: out-of-range bounds are errors.
+    if not 0 <= start < stop <= n:
+        raise NkiValidationError(
+            api, f"slice on dim {dim}", f"must satisfy 0 <= start < stop <= {n} (no clamping)",
+            f"{k.start}:{k.stop}", limit=n,
+        )
+    return start, stop, step
+
+
+def _infer_shape(api, shape: tuple, total: int) -> tuple[int, ...]:
+    if any((not _is_int(n)) or (n < 1 and n != -1) for n in shape):
+        raise NkiValidationError(api, "shape", "must hold positive ints (and at most one -1)", shape)
+    if sum(1 for n in shape if n == -1) > 1:
+        raise NkiValidationError(api, "shape", "may contain at most one -1", shape)
+    if not shape:
+        raise NkiValidationError(api, "shape", "must not be empty", shape)
+    known = math.prod(n for n in shape if n != -1)
+    if -1 in shape:
+        if total % known:
+            raise NkiValidationError(api, "shape", f"must divide {total} elements", shape)
+        shape = tuple(total // known if n == -1 else n for n in shape)
+    if math.prod(shape) != total:
+        raise NkiValidationError(api, "shape", f"must hold exactly {total} elements", shape, limit=total)
+    return tuple(int(n) for n in shape)
+
+
+def _reshape_strides(old_shape, old_strides, new_shape):
+    """Strides for a copy-free reshape, or None (NumPy's attempt_nocopy_reshape)."""
+    old = [(n, s) for n, s in zip(old_shape, old_strides) if n != 1]
+    new_strides = [0] * len(new_shape)
+    if not old:  # every old dim has size 1: any new shape of ones is fine
+        return _contiguous_strides(tuple(new_shape))
+    oi, ni = 0, 0
+    o_n, n_n = len(old), len(new_shape)
+    while ni < n_n and oi < o_n:
+        np_, op_ = new_shape[ni], old[oi][0]
+        nj, oj = ni + 1, oi + 1
+        while np_ != op_:
+            if np_ < op_:
+                if nj >= n_n:
+                    return None
+                np_ *= new_shape[nj]
+                nj += 1
+            else:
+                if oj >= o_n:
+                    return None
+                op_ *= old[oj][0]
+                oj += 1
+        for k in range(oi, oj - 1):
+            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
+                return None
+        new_strides[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            new_strides[k - 1] = new_strides[k] * new_shape[k]
+        ni, oi = nj, oj
+    last = new_strides[ni - 1] if ni > 0 else 1
+    for k in range(ni, n_n):  # trailing size-1 dims
+        new_strides[k] = last
+    return tuple(new_strides)
+
+
+def _parse_pattern(api, arg, pattern) -> list[tuple[str, ...]]:
+    """``('b', ('h', 'w'))`` -> ``[('b',), ('h', 'w')]``."""
+    groups = []
+    if not isinstance(pattern, (tuple, list)):
+        raise NkiValidationError(api, arg, "must be a tuple of names or tuples of names", pattern)
+    for item in pattern:
+        if isinstance(item, str):
+            groups.append((item,))
+        elif isinstance(item, (tuple, list)) and item and all(isinstance(n, str) for n in item):
+            groups.append(tuple(item))
+        else:
+            raise NkiValidationError(
+                api, arg, "must be a tuple of names or non-empty tuples of names", pattern
+            )
+    return groups
+
+
+def wrap_host_array(sim, array: np.ndarray, dtype: str, buffer: MemoryRegion, name: str) -> NkiTensor:
+    """Wrap a caller's array as an HBM tensor (copied into device storage)."""
+    launch = sim.launch
+    data = None
+    if launch.compute:
+        data = array
+        if data.dtype != dtypes.storage_dtype(dtype, launch.precise_fp):
+            data = dtypes.convert(data, dtype, launch.precise_fp)
+        data = np.array(data, order="C", copy=True).reshape(-1)
+    storage = Storage(
+        launch.new_storage_id(),
+        array.shape if array.ndim else (1,),
+        dtype,
+        buffer,
+        name,
+        launch.precise_fp,
+        compute=launch.compute,
+        array=data,
+    )
+    return NkiTensor._make(storage, storage.shape, _contiguous_strides(storage.shape), 0, dtype, name)

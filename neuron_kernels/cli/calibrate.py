@@ -1,0 +1,91 @@
+"""``neuron-kernels calibrate``: the cost model against published hardware, or fitted to yours.
+
+    neuron-kernels calibrate                 # model every published row, print the table
+    neuron-kernels calibrate --write         # ... and store perf_results/calibration/table.{json,md}
+    neuron-kernels calibrate --fit mine.json --params dma_transfer_ns,dma_core_gbps --out trn2.json
+    neuron-kernels profile matmul ... --params-file trn2.json   # profile with the fitted values
+
+``mine.json``: ``{"target": "trn2", "rows": [{"id": "A3-v3-hoisted", "measured_ms": 28.1},
+{"op": "matmul", "shape": "4096x4096x4096", "dtype": "bfloat16", "config": {...},
+"measured_ms": 2.0}, {"kernel": "pkg.module:kernel", "shapes": [[K, M], [K, N]],
+"dtype": "float32", "measured_ms": 1.2}]}`` with milliseconds from the Neuron profiler.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+__all__ = ["add_arguments", "main"]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--rows", default="", help="comma-separated published row ids (default: all)"
+    )
+    parser.add_argument(
+        "--write", action="store_true", help="store table.json and table.md in perf_results"
+    )
+    parser.add_argument(
+        "--fit", metavar="MEASUREMENTS.json", help="fit parameters to your hardware numbers"
+    )
+    parser.add_argument(
+        "--params",
+        default="dma_transfer_ns,dma_core_gbps",
+        help="parameters to fit (comma-separated; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--iterations", type=int, default=40, help="Nelder-Mead iterations (default 40)"
+    )
+    parser.add_argument(
+        "--out", metavar="OVERRIDES.json", help="where --fit writes the fitted overrides"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="processes for the published rows (default 1)"
+    )
+
+
+def main(args) -> int:
+    from neuron_kernels.cli import calibration
+
+    def say(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    if args.fit:
+        measurements = calibration.load_measurements(args.fit)
+        names = [n.strip() for n in args.params.split(",") if n.strip()]
+        report = calibration.fit(measurements, names, iterations=args.iterations, progress=say)
+        print(f"Fitted on {report['target']} to {len(report['rows'])} hardware measurement(s):")
+        for n, v in report["overrides"].items():
+            d = report["defaults"][n]
+            edge = d and (v >= 7.99 * d or v <= d / 7.99)
+            note = "  (at the 8x search bound: these rows do not pin it down)" if edge else ""
+            print(f"  {n}: {d:g} -> {v:.4g}{note}")
+        print(
+            f"  rms log error (modeled vs hardware): {report['rms_log_error']['before']:.3f} -> "
+            f"{report['rms_log_error']['after']:.3f}"
+        )
+        for r in report["rows"]:
+            print(
+                f"  {r['id']}: hardware {r['measured_ms_hardware']:.3f} ms, modeled "
+                f"{r['modeled_ms_before']:.3f} -> {r['modeled_ms_after']:.3f} ms"
+            )
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+            print(f"wrote {args.out} (use: neuron-kernels profile ... --params-file {args.out})")
+        return 0
+
+    row_ids = {r.strip() for r in args.rows.split(",") if r.strip()} or None
+    table = calibration.build_table(row_ids, progress=say, jobs=max(1, args.jobs))
+    print(calibration.render_markdown(table))
+    if args.write:
+        if row_ids:
+            print("calibrate: --write needs every row (drop --rows)", file=sys.stderr)
+            return 2
+        calibration.write_table(table)
+        print("wrote perf_results/calibration/table.json and table.md", file=sys.stderr)
+    ok = all(r["within_bound"] for r in table["rows"]) and all(
+        o["holds"] for o in table["orderings"]
+    )
+    return 0 if ok else 1

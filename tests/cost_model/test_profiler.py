@@ -1,0 +1,182 @@
+"""The profile API, its exports and the ``neuron-kernels profile`` command.
+
+Every number a profile prints or stores must be labelled modeled; the exports must describe
+the same schedule the report does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import struct
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from neuron_kernels.kernels.spec import get_spec
+from neuron_kernels.cost_model import profile
+from neuron_kernels.interpreter import nki
+from neuron_kernels.cost_model.profiler import Profile, Profiler
+from neuron_kernels.cli.profile import add_arguments, main
+
+nl, nisa = nki.language, nki.isa
+bf16 = ml_dtypes.bfloat16
+
+
+def small_matmul(a, b):
+    """Tiled ``lhsT[K, M].T @ b[K, N]`` (K in PSUM), a small known schedule for the exports."""
+    K, M = a.shape
+    _, N = b.shape
+    out = nl.ndarray((M, N), dtype=a.dtype, buffer=nl.shared_hbm)
+    for m in range(M // 128):
+        for n in range(N // 512):
+            acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            for k in range(K // 128):
+                at = nl.ndarray((128, 128), dtype=a.dtype, buffer=nl.sbuf)
+                bt = nl.ndarray((128, 512), dtype=b.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=at, src=a[k * 128 : (k + 1) * 128, m * 128 : (m + 1) * 128])
+                nisa.dma_copy(dst=bt, src=b[k * 128 : (k + 1) * 128, n * 512 : (n + 1) * 512])
+                nisa.nc_matmul(dst=acc, stationary=at, moving=bt, accumulate=k > 0)
+            o = nl.ndarray((128, 512), dtype=a.dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=o, src=acc)
+            nisa.dma_copy(dst=out[m * 128 : (m + 1) * 128, n * 512 : (n + 1) * 512], src=o)
+    return out
+
+
+@pytest.fixture(scope="module")
+def report() -> Profile:
+    a = np.empty((256, 256), bf16)
+    b = np.empty((256, 1024), bf16)
+    return profile(small_matmul, target="trn2")(a, b)
+
+
+def _blocks(text: str):
+    block: list[str] = []
+    for line in text.splitlines() + [""]:
+        if line.strip():
+            block.append(line)
+        elif block:
+            yield block
+            block = []
+
+
+def test_every_printed_number_is_labelled_modeled(report):
+    text = report.text()
+    assert "modeled" in text.splitlines()[0].lower()
+    for block in _blocks(text):
+        if any(re.search(r"\d", line) for line in block):
+            assert "modeled" in block[0].lower(), block
+
+
+def test_report_numbers_are_consistent(report):
+    d = report.to_dict()
+    assert d["label"] == "modeled"
+    assert d["latency_ns"] > 0
+    for unit, busy in d["busy_ns"].items():
+        assert 0 <= busy <= d["latency_ns"] * (1 + 1e-9), unit
+    assert 0 < d["utilization"]["dma"] <= 1 and 0 < d["tensor_utilization"]["hfu"] <= 1
+    assert d["flops"]["matmul"] == 2.0 * 256 * 256 * 1024  # 2 M N K, from the trace
+    assert d["hbm_bytes"]["write"] == 256 * 1024 * 2
+    assert d["instructions"]["by_api"]["nisa.nc_matmul"] == 2 * 2 * 2
+    assert d["memory"]["psum_banks"] >= 1 and d["memory"]["sbuf_bytes_per_partition"] > 0
+    assert d["critical_engine"] in ("pe", "dve", "act", "pool", "sp", "dma")
+
+
+def test_chrome_trace_describes_the_modeled_schedule(report, tmp_path):
+    path = tmp_path / "trace.json"
+    n = report.to_chrome_trace(path)
+    doc = json.loads(path.read_text())
+    assert len(doc["traceEvents"]) == n
+    assert doc["otherData"]["label"] == "modeled"
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == len(report.launches[0].run.trace)
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+    last = max(e["ts"] + e["dur"] for e in spans)
+    assert last <= report.latency_ns / 1e3 * (1 + 1e-9)
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"}
+    assert any("MODELED" in name for name in names)
+
+
+def test_png_is_a_valid_image_with_drawn_lanes(report, tmp_path):
+    path = tmp_path / "timeline.png"
+    report.to_png(path, width=800)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width == 800 and height > 100
+    idat = data[data.index(b"IDAT") + 4 : data.index(b"IEND") - 8]
+    raw = zlib.decompress(idat)
+    assert len(raw) == height * (1 + 3 * width)
+    img = (
+        np.frombuffer(raw, np.uint8).reshape(height, 1 + 3 * width)[:, 1:].reshape(height, width, 3)
+    )
+    header = img[:60]
+    assert (header < 100).any()  # the MODELED title is drawn
+    lanes = img[70:, 230:]
+    green = (lanes[..., 1].astype(int) - lanes[..., 0].astype(int)) > 40
+    assert green.any()  # TensorE busy time is drawn in its colour
+
+
+def test_profiler_as_op_runner_matches_profiling_the_kernel():
+    spec = get_spec("matmul")
+    problem = {"m": 256, "n": 512, "k": 256}
+    a, b = spec.make_inputs(problem, "bfloat16", torch.Generator().manual_seed(0))
+    profiler = Profiler(target="trn2")
+    spec.launch(a, b, config=spec.config.default(), runner=profiler)
+    via_runner = profiler.report()
+    direct = profile(spec.kernels[0], target="trn2")(a, b, **spec.config.default().to_dict())
+    assert len(via_runner.launches) == 1
+    assert via_runner.latency_ns == pytest.approx(direct.latency_ns, rel=1e-12)
+
+
+def _cli(argv):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return main(parser.parse_args(argv))
+
+
+def test_cli_prints_a_modeled_report(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code = _cli(
+        [
+            "matmul",
+            "--shape",
+            "256x512x256",
+            "--dtype",
+            "bf16",
+            "--target",
+            "trn2",
+            "--json",
+            str(out),
+            "--png",
+            str(tmp_path / "t.png"),
+            "--chrome",
+            str(tmp_path / "t.json"),
+        ]
+    )
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "modeled latency" in text
+    doc = json.loads(out.read_text())
+    assert doc["label"] == "modeled" and doc["dtype"] == "bfloat16" and doc["latency_ns"] > 0
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_param_override_and_bad_config(capsys):
+    args = ["matmul", "--shape", "256x512x256", "--dtype", "fp32", "--target", "trn2"]
+    assert _cli(args) == 0
+    base = capsys.readouterr().out
+    assert _cli(args + ["--param", "dma_engine_gbps=2.72"]) == 0
+    slow = capsys.readouterr().out
+
+    def latency(text):
+        m = re.search(r"modeled latency\s+([\d.]+) (ms|us|ns)", text)
+        return float(m.group(1)) * {"ms": 1e6, "us": 1e3, "ns": 1.0}[m.group(2)]
+
+    assert latency(slow) > latency(base)
+    assert _cli(args + ["--config", '{"block_m": 3}']) == 2  # 3 is not a block_m choice
+    assert "block_m" in capsys.readouterr().err
