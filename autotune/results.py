@@ -98,7 +98,10 @@ def kernel_hash(spec) -> str:
     """sha256 of the source of the modules defining the op's kernels (a tuned config is
     only valid for the kernel code it was tuned on)."""
     digest = hashlib.sha256()
-    modules = sorted({inspect.getmodule(getattr(k, "fn", k)).__name__ for k in spec.kernels} or {spec.launch.__module__})
+    modules = sorted(
+        {inspect.getmodule(getattr(k, "fn", k)).__name__ for k in spec.kernels}
+        or {spec.launch.__module__}
+    )
     for name in modules:
         import sys
 
@@ -123,7 +126,9 @@ def load_entries(path: Path, op: str, target: str) -> list[dict]:
     if data.get("version") != VERSION:
         raise ValueError(f"'version' must be {VERSION}, got {data.get('version')!r}")
     if data.get("op") != op or data.get("target") != target:
-        raise ValueError(f"holds op {data.get('op')!r} / target {data.get('target')!r}, expected {op!r} / {target!r}")
+        raise ValueError(
+            f"holds op {data.get('op')!r} / target {data.get('target')!r}, expected {op!r} / {target!r}"
+        )
     entries = data.get("entries")
     if not isinstance(entries, list):
         raise ValueError("'entries' must be a list")
@@ -142,16 +147,24 @@ def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = Non
     path = results_path(spec.name, target, root)
     bucket = spec.shape_bucket(problem)
     if not path.exists():
-        _log_once(("miss", str(path)), f"{path}: no tuned configs; {spec.name} uses its default config")
+        _log_once(
+            ("miss", str(path)), f"{path}: no tuned configs; {spec.name} uses its default config"
+        )
         return default
     try:
         entries = load_entries(path, spec.name, target)
     except (OSError, ValueError) as exc:
-        _warn_once(("corrupt", str(path)), f"{path} is unreadable ({exc}); {spec.name} uses its default config")
+        _warn_once(
+            ("corrupt", str(path)),
+            f"{path} is unreadable ({exc}); {spec.name} uses its default config",
+        )
         return default
     matches = [e for e in entries if e["shape_bucket"] == bucket and e["dtype"] == dtype]
     if not matches:
-        _log_once(("miss", str(path), bucket, dtype), f"{path}: no entry for {bucket} {dtype}; using the default")
+        _log_once(
+            ("miss", str(path), bucket, dtype),
+            f"{path}: no entry for {bucket} {dtype}; using the default",
+        )
         return default
     current = kernel_hash(spec)
     fresh = [e for e in matches if e["kernel_hash"] == current]
@@ -167,8 +180,10 @@ def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = Non
         config = spec.config.from_dict(best["config"])
         spec.check(problem, dtype, config, target)
     except (LimitError, TypeError) as exc:
-        _warn_once(("invalid", str(path), bucket, dtype),
-                   f"{path}: the entry for {bucket} {dtype} is not usable here ({exc}); using the default config")
+        _warn_once(
+            ("invalid", str(path), bucket, dtype),
+            f"{path}: the entry for {bucket} {dtype} is not usable here ({exc}); using the default config",
+        )
         return default
     return ConfigChoice(config, best["source"], best)
 
@@ -183,7 +198,13 @@ def write_entry(spec, entry: dict, target: str, root: Path | None = None) -> Pat
     key = (entry["shape_bucket"], entry["dtype"], entry["source"])
     entries = [e for e in entries if (e["shape_bucket"], e["dtype"], e["source"]) != key] + [entry]
     entries.sort(key=lambda e: (e["shape_bucket"], e["dtype"], e["source"]))
-    doc = {"format": FORMAT, "version": VERSION, "op": spec.name, "target": target, "entries": entries}
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "op": spec.name,
+        "target": target,
+        "entries": entries,
+    }
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
     tmp.replace(path)

@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from neuron_kernels.perf_results.calibration.tutorial_matmul import matmul_tiled as matmul_kernel
 from neuron_kernels.interpreter import run
+from neuron_kernels.perf_results.calibration.tutorial_matmul import matmul_tiled as matmul_kernel
 
 
 def _best(fn, repeat):
@@ -60,8 +60,10 @@ def main(argv=None) -> None:
     print(f"numpy.matmul          {t_np * 1e3:9.2f} ms")
     print(f"interpreter           {t_sim * 1e3:9.2f} ms  ({t_sim / t_np:.1f}x numpy)")
     print(f"interpreter no-compute{t_trace * 1e3:9.2f} ms  ({len(res_trace.trace)} instructions)")
-    print(f"instructions          {n_ins}  ({n_ins / t_sim:,.0f}/s with compute, "
-          f"{n_ins / t_trace:,.0f}/s without)")
+    print(
+        f"instructions          {n_ins}  ({n_ins / t_sim:,.0f}/s with compute, "
+        f"{n_ins / t_trace:,.0f}/s without)"
+    )
     print(f"max |interpreter - numpy| = {err:.3g}")
 
     if args.profile:

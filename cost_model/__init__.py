@@ -15,6 +15,14 @@ from neuron_kernels.cost_model.profiler import LaunchProfile, Profile, Profiler,
 from neuron_kernels.cost_model.schedule import MODEL_VERSION, ModeledTimeline, model_trace
 
 __all__ = [
-    "MODEL_VERSION", "PARAMS", "CostParams", "params_for", "model_trace", "ModeledTimeline",
-    "profile", "Profiler", "Profile", "LaunchProfile",
+    "MODEL_VERSION",
+    "PARAMS",
+    "CostParams",
+    "params_for",
+    "model_trace",
+    "ModeledTimeline",
+    "profile",
+    "Profiler",
+    "Profile",
+    "LaunchProfile",
 ]

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["Param", "CostParams", "PARAMS", "params_for", "LEAST_CERTAIN"]
 
@@ -346,7 +347,7 @@ class CostParams:
             return table[name].value
         raise AttributeError(name)
 
-    def replace(self, **values) -> "CostParams":
+    def replace(self, **values) -> CostParams:
         """A copy with some values overridden (source marked 'override')."""
         table = dict(self.table)
         for name, value in values.items():

@@ -20,15 +20,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_kernels.cost_model.params import CostParams, params_for
 from neuron_kernels.cost_model.schedule import (
     MODEL_VERSION,
     UNIT_LABEL,
     ModeledTimeline,
     model_trace,
 )
-from neuron_kernels.cost_model.params import CostParams, params_for
-from neuron_kernels.interpreter.execution import Kernel, Run, run
 from neuron_kernels.hardware import Target, target_from_name
+from neuron_kernels.interpreter.execution import Kernel, Run, run
 
 __all__ = ["profile", "Profiler", "Profile", "LaunchProfile"]
 

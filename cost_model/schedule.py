@@ -102,7 +102,7 @@ class Timeline:
         self.busy = 0.0
         self.last_end = 0.0
 
-    def copy(self) -> "Timeline":
+    def copy(self) -> Timeline:
         t = Timeline()
         t.starts, t.ends, t.busy, t.last_end = (
             list(self.starts),

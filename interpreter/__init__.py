@@ -14,6 +14,17 @@ from neuron_kernels.interpreter.execution import Kernel, Run, run
 from neuron_kernels.interpreter.trace import Access, Instruction, Trace
 
 __all__ = [
-    "nki", "run", "Run", "Kernel", "NkiValidationError", "NotImplementedByInterpreter",
-    "Target", "TARGETS", "default_target", "target_from_name", "Access", "Instruction", "Trace",
+    "nki",
+    "run",
+    "Run",
+    "Kernel",
+    "NkiValidationError",
+    "NotImplementedByInterpreter",
+    "Target",
+    "TARGETS",
+    "default_target",
+    "target_from_name",
+    "Access",
+    "Instruction",
+    "Trace",
 ]

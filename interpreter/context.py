@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Launch", "ProgramInstance", "current", "current_or_none", "activate"]
 
-_CURRENT: contextvars.ContextVar["ProgramInstance | None"] = contextvars.ContextVar(
+_CURRENT: contextvars.ContextVar[ProgramInstance | None] = contextvars.ContextVar(
     "neuron_kernels_simulation", default=None
 )
 
@@ -38,7 +38,7 @@ class Launch:
     trace: Trace
     # shared_hbm allocations by order of allocation, so every instance's k-th
     # nl.ndarray(..., buffer=nl.shared_hbm) is the same tensor (SPMD outputs).
-    shared_allocations: list["Storage"] = field(default_factory=list)
+    shared_allocations: list[Storage] = field(default_factory=list)
     next_storage_id: int = 0
     # compute=False runs checks, liveness and the trace but skips the arithmetic: the
     # cost model needs only shapes, and NKI control flow never depends on tensor data.
@@ -59,7 +59,7 @@ class ProgramInstance:
     # hardware, so they start as NaN: a reduction chain that never resets shows NaN.
     scalar_regs: np.ndarray = field(default_factory=lambda: np.full(128, np.nan, np.float32))
     vector_regs: np.ndarray = field(default_factory=lambda: np.full(128, np.nan, np.float32))
-    on_chip: list["Storage"] = field(default_factory=list)
+    on_chip: list[Storage] = field(default_factory=list)
     shared_cursor: int = 0
 
     @property
@@ -74,8 +74,8 @@ class ProgramInstance:
         self,
         api: str,
         engine: str,
-        reads: "tuple[NkiTensor, ...] | list[NkiTensor]",
-        writes: "tuple[NkiTensor, ...] | list[NkiTensor]",
+        reads: tuple[NkiTensor, ...] | list[NkiTensor],
+        writes: tuple[NkiTensor, ...] | list[NkiTensor],
         name: str | None = None,
         **attrs,
     ) -> Instruction:
@@ -85,14 +85,20 @@ class ProgramInstance:
         read_acc = tuple([_touch(t, index) for t in reads])
         write_acc = tuple([_touch(t, index) for t in writes])
         ins = Instruction(
-            index=index, api=api, engine=engine, reads=read_acc, writes=write_acc,
-            program_id=self.program_id, attrs=attrs, name=name,
+            index=index,
+            api=api,
+            engine=engine,
+            reads=read_acc,
+            writes=write_acc,
+            program_id=self.program_id,
+            attrs=attrs,
+            name=name,
         )
         instructions.append(ins)
         return ins
 
 
-def _touch(tensor: "NkiTensor", index: int) -> Access:
+def _touch(tensor: NkiTensor, index: int) -> Access:
     storage = tensor._storage
     if storage.first_use < 0:
         storage.first_use = index

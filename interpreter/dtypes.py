@@ -110,7 +110,9 @@ def normalize(dtype, api: str = "dtype") -> str:
         return _FROM_NUMPY[np_dtype]
     from neuron_kernels.interpreter.errors import NkiValidationError
 
-    raise NkiValidationError(api, "dtype", "must be an NKI dtype (nl.float32, nl.bfloat16, ...)", dtype)
+    raise NkiValidationError(
+        api, "dtype", "must be an NKI dtype (nl.float32, nl.bfloat16, ...)", dtype
+    )
 
 
 _TORCH_NAMES = {

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine"]
+__all__ = [
+    "engine",
+    "reduce_cmd",
+    "dge_mode",
+    "oob_mode",
+    "matmul_perf_mode",
+    "nc_version",
+    "dma_engine",
+]
 
 
 class engine(enum.Enum):

@@ -22,7 +22,9 @@ class NotImplementedByInterpreter(NotImplementedError, AttributeError):
 
 def not_implemented(qualified_name: str, known: bool = True) -> NotImplementedByInterpreter:
     if known:
-        return NotImplementedByInterpreter(f"{qualified_name} is not implemented by the neuron-kernels interpreter")
+        return NotImplementedByInterpreter(
+            f"{qualified_name} is not implemented by the neuron-kernels interpreter"
+        )
     return NotImplementedByInterpreter(
         f"{qualified_name} is not implemented by the neuron-kernels interpreter (nor is it an NKI 0.6 API)"
     )

@@ -13,17 +13,18 @@ import functools
 import inspect
 import itertools
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from neuron_kernels.errors import LimitError
+from neuron_kernels.hardware import Target, default_target, target_from_name
 from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.context import Launch, ProgramInstance, activate
 from neuron_kernels.interpreter.errors import NkiValidationError
-from neuron_kernels.hardware import Target, default_target, target_from_name
 from neuron_kernels.interpreter.memory import MemoryPeak, check_capacity
 from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor, wrap_host_array
 from neuron_kernels.interpreter.trace import Trace
@@ -42,7 +43,7 @@ class Kernel:
         self.options = options
         functools.update_wrapper(self, fn)
 
-    def __getitem__(self, grid) -> "Kernel":
+    def __getitem__(self, grid) -> Kernel:
         grid = grid if isinstance(grid, tuple) else (grid,)
         for g in grid:
             if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
@@ -62,7 +63,10 @@ def jit(fn=None, **kwargs):
     (as ``NKI_SIMULATOR=1`` does with the official package)."""
     if "platform_target" in kwargs:
         raise NkiValidationError(
-            "nki.jit", "platform_target", "was removed in NKI 0.3.0", kwargs["platform_target"],
+            "nki.jit",
+            "platform_target",
+            "was removed in NKI 0.3.0",
+            kwargs["platform_target"],
             hint="set NEURON_PLATFORM_TARGET_OVERRIDE instead",
         )
     kwargs.pop("mode", None)  # accepted and ignored, as in NKI 0.6
@@ -121,7 +125,9 @@ def run(
     _check_python_subset(kernel.fn)
     grid = kernel.grid
     n_programs = int(np.prod(grid)) if grid else 1
-    launch = Launch(target=tgt, grid=grid, precise_fp=precise, trace=Trace(target=tgt.name), compute=compute)
+    launch = Launch(
+        target=tgt, grid=grid, precise_fp=precise, trace=Trace(target=tgt.name), compute=compute
+    )
     framework = "torch" if any(_is_torch(a) for a in (*args, *kwargs.values())) else "numpy"
     in_buffer = MemoryRegion.shared_hbm if n_programs > 1 else MemoryRegion.private_hbm
 
@@ -180,8 +186,11 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch") and type(x).__name__ in ("Tensor", "Parameter")
 
 
-_TORCH_VIEW = {"bfloat16": ("int16", ml_dtypes.bfloat16), "float8_e4m3fn": ("uint8", ml_dtypes.float8_e4m3fn),
-               "float8_e5m2": ("uint8", ml_dtypes.float8_e5m2)}
+_TORCH_VIEW = {
+    "bfloat16": ("int16", ml_dtypes.bfloat16),
+    "float8_e4m3fn": ("uint8", ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": ("uint8", ml_dtypes.float8_e5m2),
+}
 
 
 def _reject_lists(name, value) -> None:
@@ -209,7 +218,9 @@ def _host_array(name, value) -> np.ndarray | None:
             nki_name = dtypes.normalize(t.dtype, "nki.simulate")
         except NkiValidationError:
             raise NkiValidationError(
-                "nki.simulate", f"argument {name!r} dtype", "must be an NKI dtype (no float64/int64)",
+                "nki.simulate",
+                f"argument {name!r} dtype",
+                "must be an NKI dtype (no float64/int64)",
                 t.dtype,
             ) from None
         if nki_name in _TORCH_VIEW:
@@ -223,7 +234,9 @@ def _host_array(name, value) -> np.ndarray | None:
             dtypes.normalize(value.dtype, "nki.simulate")
         except NkiValidationError:
             raise NkiValidationError(
-                "nki.simulate", f"argument {name!r} dtype", "must be an NKI dtype (no float64/int64)",
+                "nki.simulate",
+                f"argument {name!r} dtype",
+                "must be an NKI dtype (no float64/int64)",
                 value.dtype,
             ) from None
         return value
@@ -236,7 +249,9 @@ def _write_back(value, t: NkiTensor) -> None:
     if _is_torch(value):
         value.data.copy_(_to_torch(data, t.dtype).reshape(value.shape))
     else:
-        value[...] = _to_host_dtype(data, t.dtype).reshape(value.shape).astype(value.dtype, copy=False)
+        value[...] = (
+            _to_host_dtype(data, t.dtype).reshape(value.shape).astype(value.dtype, copy=False)
+        )
 
 
 def _to_host_dtype(array: np.ndarray, dtype: str) -> np.ndarray:
@@ -313,7 +328,9 @@ def _subset_violations(fn) -> tuple[str, ...]:
     except (OSError, TypeError, SyntaxError):
         return tuple(problems)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops):
+        if isinstance(node, ast.Compare) and any(
+            isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops
+        ):
             problems.append(
                 f"line {node.lineno}: 'is'/'is not' is rejected by the NKI compiler (use == / !=)"
             )
@@ -325,6 +342,8 @@ def _check_python_subset(fn) -> None:
     problems = _subset_violations(fn)
     if problems:
         raise NkiValidationError(
-            "nki.jit", f"kernel {getattr(fn, '__name__', fn)!r}", "must stay in the NKI Python subset",
+            "nki.jit",
+            f"kernel {getattr(fn, '__name__', fn)!r}",
+            "must stay in the NKI Python subset",
             "; ".join(problems),
         )

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from neuron_kernels.hardware import usable_psum_banks
 from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.errors import NkiValidationError, not_implemented
-from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor, Storage, _contiguous_strides, _is_int
+from neuron_kernels.interpreter.tensor import (
+    MemoryRegion,
+    NkiTensor,
+    Storage,
+    _contiguous_strides,
+    _is_int,
+)
 
 __all__ = ["allocate", "MemoryPeak", "check_capacity", "normalize_buffer"]
 
@@ -47,7 +53,9 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
         raise NkiValidationError(api, "shape", "must be a tuple of positive ints", shape) from None
     for n in shape:
         if type(n) is not int and not _is_int(n) or n < 1:
-            raise NkiValidationError(api, "shape", "must be a non-empty tuple of positive ints", shape)
+            raise NkiValidationError(
+                api, "shape", "must be a non-empty tuple of positive ints", shape
+            )
     if not shape:
         raise NkiValidationError(api, "shape", "must be a non-empty tuple of positive ints", shape)
     shape = tuple(map(int, shape))
@@ -89,10 +97,17 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
                     f"must match across program instances ({storage.shape}, {storage.dtype})",
                     (shape, dtype),
                 )
-            return NkiTensor._make(storage, shape, _contiguous_strides(shape), 0, dtype, storage.name)
+            return NkiTensor._make(
+                storage, shape, _contiguous_strides(shape), 0, dtype, storage.name
+            )
     uid = launch.new_storage_id()
     storage = Storage(
-        uid, shape, dtype, buffer, name or f"{_PREFIX[buffer]}{uid}", launch.precise_fp,
+        uid,
+        shape,
+        dtype,
+        buffer,
+        name or f"{_PREFIX[buffer]}{uid}",
+        launch.precise_fp,
         compute=launch.compute,
     )
     if buffer is MemoryRegion.shared_hbm:
@@ -159,8 +174,9 @@ def check_capacity(sim) -> MemoryPeak:
         top = sorted(live, key=lambda s: (-s.bytes_per_partition, s.uid))[:4]
         tiles = ", ".join(f"{s.name} {s.shape} {s.dtype} ({unit(s)})" for s in top)
         more = f" and {len(live) - len(top)} more" if len(live) > len(top) else ""
-        return (f"peak at instruction #{at} ({api}) with {len(live)} live tiles; largest: "
-                f"{tiles}{more}")
+        return (
+            f"peak at instruction #{at} ({api}) with {len(live)} live tiles; largest: {tiles}{more}"
+        )
 
     if sbuf_peak > target.sbuf_usable_bytes:
         raise NkiValidationError(
@@ -181,7 +197,10 @@ def check_capacity(sim) -> MemoryPeak:
             psum_banks,
             limit=n_banks,
             hint=f"{psum_banks} banks hold {live_bytes} live bytes per partition; "
-            + where(psum_at, psum_set, lambda s: f"{s.bytes_per_partition} B, "
-                    f"{-(-s.bytes_per_partition // bank)} bank(s)"),
+            + where(
+                psum_at,
+                psum_set,
+                lambda s: f"{s.bytes_per_partition} B, {-(-s.bytes_per_partition // bank)} bank(s)",
+            ),
         )
     return MemoryPeak(sbuf_peak, sbuf_at, psum_bytes, psum_banks, psum_at)

@@ -76,9 +76,24 @@ class Storage:
     """
 
     __slots__ = (
-        "uid", "array", "dtype", "buffer", "shape", "name", "psum_state", "first_use",
-        "last_use", "host", "written", "precise_fp", "compute", "size", "itemsize",
-        "partition_elems", "bytes_per_partition", "on_chip",
+        "uid",
+        "array",
+        "dtype",
+        "buffer",
+        "shape",
+        "name",
+        "psum_state",
+        "first_use",
+        "last_use",
+        "host",
+        "written",
+        "precise_fp",
+        "compute",
+        "size",
+        "itemsize",
+        "partition_elems",
+        "bytes_per_partition",
+        "on_chip",
     )
 
     def __init__(self, uid, shape, dtype, buffer, name, precise_fp, array=None, compute=True):
@@ -140,14 +155,16 @@ class NkiTensor(NKIObject):
         self._acc = None  # cached trace Access (views are immutable)
 
     @classmethod
-    def _make(cls, storage, shape, strides, offset, dtype=None, name=None) -> "NkiTensor":
+    def _make(cls, storage, shape, strides, offset, dtype=None, name=None) -> NkiTensor:
         t = cls.__new__(cls)
         t._init_view(storage, shape, strides, offset, dtype or storage.dtype, name or storage.name)
         return t
 
-    def _derive(self, api, shape, strides, offset, dtype=None) -> "NkiTensor":
+    def _derive(self, api, shape, strides, offset, dtype=None) -> NkiTensor:
         """A new view of the same storage, bounds-checked."""
-        view = NkiTensor._make(self._storage, shape, strides, offset, dtype or self.dtype, self.name)
+        view = NkiTensor._make(
+            self._storage, shape, strides, offset, dtype or self.dtype, self.name
+        )
         view._check_bounds(api)
         return view
 
@@ -203,7 +220,9 @@ class NkiTensor(NKIObject):
 
     # Python arithmetic on tensors is not part of the 0.6 API (nki-api-subset section 3.3).
     def _no_arith(self, *_):
-        raise not_implemented("NkiTensor arithmetic operators (use nisa.tensor_tensor / tensor_scalar)")
+        raise not_implemented(
+            "NkiTensor arithmetic operators (use nisa.tensor_tensor / tensor_scalar)"
+        )
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_arith
     __truediv__ = __rtruediv__ = __matmul__ = __neg__ = __pow__ = _no_arith
@@ -249,7 +268,7 @@ class NkiTensor(NKIObject):
         arr = self._array()
         return arr if arr.dtype == np.float32 else arr.astype(np.float32)
 
-    def _copy_raw_from(self, src: "NkiTensor") -> None:
+    def _copy_raw_from(self, src: NkiTensor) -> None:
         """``self = src`` bit-exactly in row-major order (same storage dtype, same element
         count); one copy, correct when the two views overlap (NumPy buffers overlaps)."""
         if self._storage.compute:
@@ -280,10 +299,15 @@ class NkiTensor(NKIObject):
     def _psum_state(self) -> np.ndarray:
         """Per-element PSUM state (unwritten / value-written / matmul-written) of this view."""
         if self.itemsize != self._storage.itemsize:
-            raise not_implemented("PSUM writes through a view reinterpreted to another element size")
+            raise not_implemented(
+                "PSUM writes through a view reinterpreted to another element size"
+            )
         return np.ndarray(
-            self.shape, dtype=np.uint8, buffer=self._storage.psum_state,
-            offset=self.offset, strides=self.strides,
+            self.shape,
+            dtype=np.uint8,
+            buffer=self._storage.psum_state,
+            offset=self.offset,
+            strides=self.strides,
         )
 
     # -- bounds and trace records --------------------------------------------------
@@ -346,8 +370,11 @@ class NkiTensor(NKIObject):
         n_parts = self._storage.shape[0] if len(self._storage.shape) > 1 else self._storage.size
         if pstart + self.shape[0] > n_parts:
             raise NkiValidationError(
-                api, "partition range", f"must stay inside the {n_parts} partitions allocated",
-                f"partitions {pstart}..{pstart + self.shape[0] - 1}", limit=n_parts,
+                api,
+                "partition range",
+                f"must stay inside the {n_parts} partitions allocated",
+                f"partitions {pstart}..{pstart + self.shape[0] - 1}",
+                limit=n_parts,
             )
 
     def _partition_stride(self) -> int:
@@ -416,7 +443,7 @@ class NkiTensor(NKIObject):
         return acc
 
     # -- indexing ------------------------------------------------------------------
-    def __getitem__(self, key) -> "NkiTensor":
+    def __getitem__(self, key) -> NkiTensor:
         """NumPy-style basic indexing, returning a view (nki/api/nki/language ``__getitem__``).
 
         Differences from NumPy, as documented: on-chip, an int on dim 0 keeps the partition
@@ -464,14 +491,18 @@ class NkiTensor(NKIObject):
                     size = _int(api, "nl.ds size", size)
                 if start < 0 or size < 1 or start + size > n:
                     raise NkiValidationError(
-                        api, f"nl.ds on dim {dim}",
-                        f"must satisfy 0 <= start and 1 <= size and start + size <= {n}", k,
+                        api,
+                        f"nl.ds on dim {dim}",
+                        f"must satisfy 0 <= start and 1 <= size and start + size <= {n}",
+                        k,
                     )
                 stop, step = start + size, 1
             elif type(k) is int or _is_int(k):
                 i = int(k)
                 if i < -n or i >= n:
-                    raise NkiValidationError(api, f"index on dim {dim}", f"must be in [-{n}, {n})", i)
+                    raise NkiValidationError(
+                        api, f"index on dim {dim}", f"must be in [-{n}, {n})", i
+                    )
                 i %= n
                 offset += i * s
                 if on_chip and dim == 0:
@@ -490,8 +521,11 @@ class NkiTensor(NKIObject):
             count = (stop - start + step - 1) // step
             if on_chip and dim == 0 and step != 1 and count > 1:
                 raise NkiValidationError(
-                    api, "partition step", "must be 1 (on-chip operands use consecutive partitions)",
-                    step, limit=1,
+                    api,
+                    "partition step",
+                    "must be 1 (on-chip operands use consecutive partitions)",
+                    step,
+                    limit=1,
                 )
             offset += start * s
             shape.append(count)
@@ -531,14 +565,16 @@ class NkiTensor(NKIObject):
             raise NkiValidationError(api, arg, f"must be an int in [-{ndim}, {ndim})", dim)
         return int(dim) % ndim
 
-    def permute(self, dims) -> "NkiTensor":
+    def permute(self, dims) -> NkiTensor:
         api = "NkiTensor.permute"
         try:
             dims = tuple(dims)
         except TypeError:
             raise NkiValidationError(api, "dims", "must be a tuple of ints", dims) from None
         if not all(_is_int(d) for d in dims) or sorted(dims) != list(range(self.ndim)):
-            raise NkiValidationError(api, "dims", f"must be a permutation of range({self.ndim})", dims)
+            raise NkiValidationError(
+                api, "dims", f"must be a permutation of range({self.ndim})", dims
+            )
         if self.on_chip and dims[0] != 0:
             raise NkiValidationError(
                 api, "dims[0]", "must be 0 on-chip (partition dim stays first)", dims[0], limit=0
@@ -547,7 +583,7 @@ class NkiTensor(NKIObject):
             api, [self.shape[d] for d in dims], [self.strides[d] for d in dims], self.offset
         )
 
-    def broadcast(self, dim: int, size: int) -> "NkiTensor":
+    def broadcast(self, dim: int, size: int) -> NkiTensor:
         api = "NkiTensor.broadcast"
         dim = self._norm_dim(api, dim)
         if self.shape[dim] != 1:
@@ -560,7 +596,7 @@ class NkiTensor(NKIObject):
         shape[dim], strides[dim] = int(size), 0
         return self._derive(api, shape, strides, self.offset)
 
-    def expand_dim(self, dim: int) -> "NkiTensor":
+    def expand_dim(self, dim: int) -> NkiTensor:
         api = "NkiTensor.expand_dim"
         dim = self._norm_dim(api, dim, self.ndim + 1)
         if self.on_chip and dim == 0:
@@ -572,7 +608,7 @@ class NkiTensor(NKIObject):
         strides.insert(dim, stride)
         return self._derive(api, shape, strides, self.offset)
 
-    def squeeze_dim(self, dim: int) -> "NkiTensor":
+    def squeeze_dim(self, dim: int) -> NkiTensor:
         api = "NkiTensor.squeeze_dim"
         dim = self._norm_dim(api, dim)
         if self.shape[dim] != 1:
@@ -585,7 +621,7 @@ class NkiTensor(NKIObject):
         del shape[dim], strides[dim]
         return self._derive(api, shape, strides, self.offset)
 
-    def reshape_dim(self, dim: int, shape) -> "NkiTensor":
+    def reshape_dim(self, dim: int, shape) -> NkiTensor:
         api = "NkiTensor.reshape_dim"
         dim = self._norm_dim(api, dim)
         try:
@@ -603,7 +639,7 @@ class NkiTensor(NKIObject):
         new_strides = list(self.strides[:dim]) + sub_strides[::-1] + list(self.strides[dim + 1 :])
         return self._derive(api, new_shape, new_strides, self.offset)
 
-    def flatten_dims(self, start_dim: int, end_dim: int) -> "NkiTensor":
+    def flatten_dims(self, start_dim: int, end_dim: int) -> NkiTensor:
         api = "NkiTensor.flatten_dims"
         start = self._norm_dim(api, start_dim, arg="start_dim")
         end = self._norm_dim(api, end_dim, arg="end_dim")
@@ -616,7 +652,9 @@ class NkiTensor(NKIObject):
         for a, b in zip(real, real[1:]):
             if self.strides[a] != self.strides[b] * self.shape[b]:
                 raise NkiValidationError(
-                    api, f"dims {start}..{end}", "must be contiguous in memory",
+                    api,
+                    f"dims {start}..{end}",
+                    "must be contiguous in memory",
                     f"shape {self.shape}, strides {self.strides}",
                 )
         merged = math.prod(self.shape[start : end + 1])
@@ -625,7 +663,7 @@ class NkiTensor(NKIObject):
         strides = list(self.strides[:start]) + [inner] + list(self.strides[end + 1 :])
         return self._derive(api, shape, strides, self.offset)
 
-    def reshape(self, shape) -> "NkiTensor":
+    def reshape(self, shape) -> NkiTensor:
         api = "NkiTensor.reshape"
         if _is_int(shape):
             shape = (shape,)
@@ -636,8 +674,11 @@ class NkiTensor(NKIObject):
         new_shape = _infer_shape(api, shape, self.size)
         if self.on_chip and new_shape[0] != self.shape[0]:
             raise NkiValidationError(
-                api, "shape[0]", f"must equal the partition dim {self.shape[0]} on-chip",
-                new_shape[0], limit=self.shape[0],
+                api,
+                "shape[0]",
+                f"must equal the partition dim {self.shape[0]} on-chip",
+                new_shape[0],
+                limit=self.shape[0],
             )
         if self.on_chip:
             # The partition dim is its own block: only the free dims are reshaped.
@@ -647,12 +688,15 @@ class NkiTensor(NKIObject):
             strides = _reshape_strides(self.shape, self.strides, new_shape)
         if strides is None:
             raise NkiValidationError(
-                api, "shape", f"must be reachable without a copy from shape {self.shape} with "
-                f"strides {self.strides}", new_shape,
+                api,
+                "shape",
+                f"must be reachable without a copy from shape {self.shape} with "
+                f"strides {self.strides}",
+                new_shape,
             )
         return self._derive(api, new_shape, strides, self.offset)
 
-    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> "NkiTensor":
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> NkiTensor:
         """einops-style split / permute / merge, built from reshape_dim, permute and
         flatten_dims (so each step keeps that method's constraints).
 
@@ -670,34 +714,47 @@ class NkiTensor(NKIObject):
             )
         src_names = [n for g in src for n in g]
         dst_names = [n for g in dst for n in g]
-        for arg, names, pat in (("src_pattern", src_names, src_pattern),
-                                ("dst_pattern", dst_names, dst_pattern)):
+        for arg, names, pat in (
+            ("src_pattern", src_names, src_pattern),
+            ("dst_pattern", dst_names, dst_pattern),
+        ):
             if len(set(names)) != len(names):
                 raise NkiValidationError(api, arg, "must not repeat a dim name", pat)
         if sorted(src_names) != sorted(dst_names):
             raise NkiValidationError(
-                api, "dst_pattern", f"must use exactly the names of src_pattern {tuple(src_names)}",
+                api,
+                "dst_pattern",
+                f"must use exactly the names of src_pattern {tuple(src_names)}",
                 dst_pattern,
             )
         for name, size in fixed.items():
             if name not in src_names:
-                raise NkiValidationError(api, "fixed_sizes", "must only name dims of src_pattern", name)
+                raise NkiValidationError(
+                    api, "fixed_sizes", "must only name dims of src_pattern", name
+                )
             if not _is_int(size) or size < 1:
-                raise NkiValidationError(api, f"fixed_sizes[{name!r}]", "must be a positive int", size)
+                raise NkiValidationError(
+                    api, f"fixed_sizes[{name!r}]", "must be a positive int", size
+                )
         t, dim = self, 0
         for group, n in zip(src, self.shape):
             if len(group) > 1:
                 unknown = [g for g in group if g not in fixed]
                 if len(unknown) > 1:
                     raise NkiValidationError(
-                        api, "fixed_sizes", f"must give all but one size of the group {group}",
+                        api,
+                        "fixed_sizes",
+                        f"must give all but one size of the group {group}",
                         fixed,
                     )
                 t = t.reshape_dim(dim, tuple(fixed.get(g, -1) for g in group))
             elif group[0] in fixed and fixed[group[0]] != n:
                 raise NkiValidationError(
-                    api, f"fixed_sizes[{group[0]!r}]", f"must equal the dim size {n}",
-                    fixed[group[0]], limit=n,
+                    api,
+                    f"fixed_sizes[{group[0]!r}]",
+                    f"must equal the dim size {n}",
+                    fixed[group[0]],
+                    limit=n,
                 )
             dim += len(group)
         t = t.permute(tuple(src_names.index(name) for name in dst_names))
@@ -708,7 +765,7 @@ class NkiTensor(NKIObject):
             dim += 1
         return t
 
-    def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
         api = "NkiTensor.slice"
         dim = self._norm_dim(api, dim)
         n = self.shape[dim]
@@ -722,7 +779,7 @@ class NkiTensor(NKIObject):
         key[dim] = slice(int(start), int(end), int(step))
         return self[tuple(key)]
 
-    def select(self, dim: int, index) -> "NkiTensor":
+    def select(self, dim: int, index) -> NkiTensor:
         """Static select: ``index`` along ``dim``, which is removed (slice + squeeze_dim)."""
         api = "NkiTensor.select"
         dim = self._norm_dim(api, dim)
@@ -730,7 +787,11 @@ class NkiTensor(NKIObject):
             raise not_implemented("NkiTensor.select with a tensor index (dynamic select)")
         if not _is_int(index) or not 0 <= index < self.shape[dim]:
             raise NkiValidationError(
-                api, "index", f"must be an int in [0, {self.shape[dim]})", index, limit=self.shape[dim]
+                api,
+                "index",
+                f"must be an int in [0, {self.shape[dim]})",
+                index,
+                limit=self.shape[dim],
             )
         if self.on_chip and dim == 0:
             raise NkiValidationError(api, "dim", "must not be 0 (partition dim) on-chip", dim)
@@ -747,8 +808,15 @@ class NkiTensor(NKIObject):
     def indirect(self, index, num_elem=None):
         raise not_implemented("NkiTensor.indirect")
 
-    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0,
-           dtype=None):
+    def ap(
+        self,
+        pattern,
+        offset=None,
+        scalar_offset=None,
+        vector_offset=None,
+        indirect_dim=0,
+        dtype=None,
+    ):
         """Raw access pattern ``[[step, num], ...]`` on the underlying storage (not
         composable with the view's shape/strides).
 
@@ -781,12 +849,17 @@ class NkiTensor(NKIObject):
         new_item = dtypes.info(view_dtype).itemsize
         if self.on_chip and self._storage.bytes_per_partition % new_item:
             raise NkiValidationError(
-                api, "dtype", f"must divide the {self._storage.bytes_per_partition} bytes of a "
-                "partition into whole elements", view_dtype,
+                api,
+                "dtype",
+                f"must divide the {self._storage.bytes_per_partition} bytes of a "
+                "partition into whole elements",
+                view_dtype,
             )
         if byte_base % new_item:
             raise NkiValidationError(
-                api, "dtype", f"must keep the base offset ({byte_base} bytes) element-aligned",
+                api,
+                "dtype",
+                f"must keep the base offset ({byte_base} bytes) element-aligned",
                 view_dtype,
             )
         new_offset = byte_base // new_item + (0 if offset is None else int(offset))
@@ -802,14 +875,15 @@ class NkiTensor(NKIObject):
         st = self._storage
         if new_dtype == st.dtype or st.precise_fp:
             return
-        if dtypes.storage_dtype(new_dtype, False) != dtypes.storage_dtype(new_dtype, True) or \
-                dtypes.storage_dtype(st.dtype, False) != dtypes.storage_dtype(st.dtype, True):
+        if dtypes.storage_dtype(new_dtype, False) != dtypes.storage_dtype(
+            new_dtype, True
+        ) or dtypes.storage_dtype(st.dtype, False) != dtypes.storage_dtype(st.dtype, True):
             raise not_implemented(
                 f"{api} reinterpreting {st.dtype} as {new_dtype} under NKI_PRECISE_FP=0 "
                 "(low-precision floats are stored as fp32, so their bits do not exist)"
             )
 
-    def view(self, dtype) -> "NkiTensor":
+    def view(self, dtype) -> NkiTensor:
         """Reinterpret the bits as ``dtype``; the last dim scales by the size ratio."""
         api = "NkiTensor.view"
         new = dtypes.normalize(dtype, api)
@@ -831,13 +905,19 @@ class NkiTensor(NKIObject):
         r = new_size // old_size
         if self.shape[-1] % r:
             raise NkiValidationError(
-                api, "last dim", f"must be divisible by the dtype size ratio {r}", self.shape[-1],
+                api,
+                "last dim",
+                f"must be divisible by the dtype size ratio {r}",
+                self.shape[-1],
                 limit=r,
             )
         if self.offset % r or any(s % r for s in self.strides[:-1]):
             raise NkiValidationError(
-                api, "offset and strides", f"must be divisible by the dtype size ratio {r}",
-                (self.offset, self.strides), limit=r,
+                api,
+                "offset and strides",
+                f"must be divisible by the dtype size ratio {r}",
+                (self.offset, self.strides),
+                limit=r,
             )
         shape = list(self.shape[:-1]) + [self.shape[-1] // r]
         strides = [s // r for s in self.strides[:-1]] + [1]
@@ -892,15 +972,20 @@ def _resolve_slice(api, dim, k: slice, n: int) -> tuple[int, int, int]:
     # NKI does not clamp like NumPy: out-of-range bounds are errors.
     if not 0 <= start < stop <= n:
         raise NkiValidationError(
-            api, f"slice on dim {dim}", f"must satisfy 0 <= start < stop <= {n} (no clamping)",
-            f"{k.start}:{k.stop}", limit=n,
+            api,
+            f"slice on dim {dim}",
+            f"must satisfy 0 <= start < stop <= {n} (no clamping)",
+            f"{k.start}:{k.stop}",
+            limit=n,
         )
     return start, stop, step
 
 
 def _infer_shape(api, shape: tuple, total: int) -> tuple[int, ...]:
     if any((not _is_int(n)) or (n < 1 and n != -1) for n in shape):
-        raise NkiValidationError(api, "shape", "must hold positive ints (and at most one -1)", shape)
+        raise NkiValidationError(
+            api, "shape", "must hold positive ints (and at most one -1)", shape
+        )
     if sum(1 for n in shape if n == -1) > 1:
         raise NkiValidationError(api, "shape", "may contain at most one -1", shape)
     if not shape:
@@ -911,7 +996,9 @@ def _infer_shape(api, shape: tuple, total: int) -> tuple[int, ...]:
             raise NkiValidationError(api, "shape", f"must divide {total} elements", shape)
         shape = tuple(total // known if n == -1 else n for n in shape)
     if math.prod(shape) != total:
-        raise NkiValidationError(api, "shape", f"must hold exactly {total} elements", shape, limit=total)
+        raise NkiValidationError(
+            api, "shape", f"must hold exactly {total} elements", shape, limit=total
+        )
     return tuple(int(n) for n in shape)
 
 
@@ -967,7 +1054,9 @@ def _parse_pattern(api, arg, pattern) -> list[tuple[str, ...]]:
     return groups
 
 
-def wrap_host_array(sim, array: np.ndarray, dtype: str, buffer: MemoryRegion, name: str) -> NkiTensor:
+def wrap_host_array(
+    sim, array: np.ndarray, dtype: str, buffer: MemoryRegion, name: str
+) -> NkiTensor:
     """Wrap a caller's array as an HBM tensor (copied into device storage)."""
     launch = sim.launch
     data = None
@@ -986,4 +1075,6 @@ def wrap_host_array(sim, array: np.ndarray, dtype: str, buffer: MemoryRegion, na
         compute=launch.compute,
         array=data,
     )
-    return NkiTensor._make(storage, storage.shape, _contiguous_strides(storage.shape), 0, dtype, name)
+    return NkiTensor._make(
+        storage, storage.shape, _contiguous_strides(storage.shape), 0, dtype, name
+    )

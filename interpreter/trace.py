@@ -45,7 +45,7 @@ class Access:
     def on_chip(self) -> bool:
         return self.buffer in ("sbuf", "psum")
 
-    def overlaps(self, other: "Access") -> bool:
+    def overlaps(self, other: Access) -> bool:
         """Whether two accesses may touch the same bytes (bounding-box test)."""
         if self.storage != other.storage:
             return False

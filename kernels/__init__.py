@@ -1,7 +1,14 @@
 """NKI kernels, one module per op. Each module declares its op once (an ``OpSpec``) and
 registers it; importing this package registers every op."""
 
-from neuron_kernels.kernels.spec import REGISTRY, OpSpec, Tolerance, TunableConfig, get_spec, register
+from neuron_kernels.kernels.spec import (
+    REGISTRY,
+    OpSpec,
+    Tolerance,
+    TunableConfig,
+    get_spec,
+    register,
+)
 
 __all__ = ["REGISTRY", "OpSpec", "Tolerance", "TunableConfig", "get_spec", "register"]
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from neuron_kernels.backend import nki, nisa, nl
+from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
-from neuron_kernels.kernels.spec import OpSpec, Tolerance, TunableConfig, register, tunable
 from neuron_kernels.hardware import target_from_name
+from neuron_kernels.kernels.spec import OpSpec, Tolerance, TunableConfig, register, tunable
 
 __all__ = ["MatmulConfig", "forward", "launch", "reference", "SPEC"]
 
@@ -56,12 +56,28 @@ class MatmulConfig(TunableConfig):
     # against 55.3 us for the first hand-picked default. The fastest bf16 config there
     # (36.3 us modeled) transposes by DMA, which fp32 and trn1 cannot: the autotuner
     # finds it per dtype and target.
-    block_m: int = tunable(4, (1, 2, 4, 8, 16), "modeled: 512-row A^T blocks keep TensorE fed; 8+ gains nothing at 1024")
-    block_n: int = tunable(2, (1, 2, 4), "modeled: two 512-column tiles per block halve A^T reloads vs 1")
-    block_k: int = tunable(8, (1, 2, 4, 8), "modeled: 1024-deep K blocks amortise the PE transposes and DMAs")
-    stationary: str = tunable("a", ("a", "b"), "modeled: b-stationary writes C through a transposing DMA, slower at 1024")
-    accumulate: str = tunable("sbuf", ("psum", "sbuf"), "modeled: with PE transposes, psum mode's bank limit caps blocks")
-    transpose: str = tunable("pe", ("pe", "dma", "strided"), "modeled: fastest transpose valid for every dtype and target")
+    block_m: int = tunable(
+        4,
+        (1, 2, 4, 8, 16),
+        "modeled: 512-row A^T blocks keep TensorE fed; 8+ gains nothing at 1024",
+    )
+    block_n: int = tunable(
+        2, (1, 2, 4), "modeled: two 512-column tiles per block halve A^T reloads vs 1"
+    )
+    block_k: int = tunable(
+        8, (1, 2, 4, 8), "modeled: 1024-deep K blocks amortise the PE transposes and DMAs"
+    )
+    stationary: str = tunable(
+        "a", ("a", "b"), "modeled: b-stationary writes C through a transposing DMA, slower at 1024"
+    )
+    accumulate: str = tunable(
+        "sbuf", ("psum", "sbuf"), "modeled: with PE transposes, psum mode's bank limit caps blocks"
+    )
+    transpose: str = tunable(
+        "pe",
+        ("pe", "dma", "strided"),
+        "modeled: fastest transpose valid for every dtype and target",
+    )
 
 
 # -- the NKI kernel ----------------------------------------------------------------------
@@ -95,7 +111,9 @@ def _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, transpose, psum_dtype)
 
 
 @nki.jit
-def forward(a, b, block_m=4, block_n=2, block_k=8, stationary="a", accumulate="sbuf", transpose="pe"):
+def forward(
+    a, b, block_m=4, block_n=2, block_k=8, stationary="a", accumulate="sbuf", transpose="pe"
+):
     """``C = A @ B`` for ``A [M, K]`` and ``B [K, N]`` in HBM; returns ``C [M, N]`` (A's dtype).
 
     The tunables are compile-time arguments (see :class:`MatmulConfig`).
@@ -132,30 +150,42 @@ def forward(a, b, block_m=4, block_n=2, block_k=8, stationary="a", accumulate="s
                 if accumulate == "psum":
                     row = []
                     for q in range(n_q):
-                        row.append(nl.ndarray((p_alloc, q_alloc), dtype=nl.float32, buffer=nl.psum, name="c_psum"))
+                        row.append(
+                            nl.ndarray(
+                                (p_alloc, q_alloc), dtype=nl.float32, buffer=nl.psum, name="c_psum"
+                            )
+                        )
                     sums.append(row)
                 elif n_kb > 1:
-                    sums.append(nl.ndarray((p_alloc, q_ext), dtype=nl.float32, buffer=nl.sbuf, name="c_acc"))
+                    sums.append(
+                        nl.ndarray((p_alloc, q_ext), dtype=nl.float32, buffer=nl.sbuf, name="c_acc")
+                    )
 
             staged = []  # output rows in C's dtype, one DMA per partition tile
             for p in range(n_p):
                 if accumulate == "sbuf" and n_kb > 1 and out.dtype == nl.float32:
                     staged.append(sums[p])  # fp32 accumulators are the output already
                 else:
-                    staged.append(nl.ndarray((p_alloc, q_ext), dtype=out.dtype, buffer=nl.sbuf, name="c_out"))
+                    staged.append(
+                        nl.ndarray((p_alloc, q_ext), dtype=out.dtype, buffer=nl.sbuf, name="c_out")
+                    )
 
             for kb in range(n_kb):
                 k0 = kb * blk_k
                 ks_blk = min(blk_k, K - k0)
                 n_kt = _ceil_div(ks_blk, TILE_K)
-                b_blk = nl.ndarray((k_rows, kt_alloc, ns_blk), dtype=b.dtype, buffer=nl.sbuf, name="b_blk")
+                b_blk = nl.ndarray(
+                    (k_rows, kt_alloc, ns_blk), dtype=b.dtype, buffer=nl.sbuf, name="b_blk"
+                )
                 for kt in range(n_kt):
                     ksz = min(TILE_K, ks_blk - kt * TILE_K)
                     nisa.dma_copy(
                         dst=b_blk[0:ksz, kt, 0:ns_blk],
                         src=b[k0 + kt * TILE_K : k0 + kt * TILE_K + ksz, n0 : n0 + ns_blk],
                     )
-                at_blk = nl.ndarray((k_rows, kt_alloc, ms_blk), dtype=a.dtype, buffer=nl.sbuf, name="at_blk")
+                at_blk = nl.ndarray(
+                    (k_rows, kt_alloc, ms_blk), dtype=a.dtype, buffer=nl.sbuf, name="at_blk"
+                )
                 _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, transpose, psum_dtype)
 
                 for p in range(n_p):
@@ -165,11 +195,15 @@ def forward(a, b, block_m=4, block_n=2, block_k=8, stationary="a", accumulate="s
                         qo = q * q_tile
                         qsz = min(q_tile, q_ext - qo)
                         # (offset, size) of this output tile along M and along N
-                        mo, msz, no, nsz = (po, psz, qo, qsz) if a_stationary else (qo, qsz, po, psz)
+                        mo, msz, no, nsz = (
+                            (po, psz, qo, qsz) if a_stationary else (qo, qsz, po, psz)
+                        )
                         if accumulate == "psum":
                             acc = sums[p][q]
                         else:
-                            acc = nl.ndarray((p_alloc, q_alloc), dtype=nl.float32, buffer=nl.psum, name="c_part")
+                            acc = nl.ndarray(
+                                (p_alloc, q_alloc), dtype=nl.float32, buffer=nl.psum, name="c_part"
+                            )
                         for kt in range(n_kt):
                             ksz = min(TILE_K, ks_blk - kt * TILE_K)
                             at_tile = at_blk[0:ksz, kt, mo : mo + msz]
@@ -182,9 +216,13 @@ def forward(a, b, block_m=4, block_n=2, block_k=8, stationary="a", accumulate="s
                             )
                         if accumulate == "sbuf":
                             if n_kb == 1:
-                                nisa.tensor_copy(dst=staged[p][0:psz, qo : qo + qsz], src=acc[0:psz, 0:qsz])
+                                nisa.tensor_copy(
+                                    dst=staged[p][0:psz, qo : qo + qsz], src=acc[0:psz, 0:qsz]
+                                )
                             elif kb == 0:
-                                nisa.tensor_copy(dst=sums[p][0:psz, qo : qo + qsz], src=acc[0:psz, 0:qsz])
+                                nisa.tensor_copy(
+                                    dst=sums[p][0:psz, qo : qo + qsz], src=acc[0:psz, 0:qsz]
+                                )
                             else:
                                 nisa.tensor_tensor(
                                     dst=sums[p][0:psz, qo : qo + qsz],
@@ -200,11 +238,18 @@ def forward(a, b, block_m=4, block_n=2, block_k=8, stationary="a", accumulate="s
                     qo = q * q_tile
                     qsz = min(q_tile, q_ext - qo)
                     if accumulate == "psum":
-                        nisa.tensor_copy(dst=staged[p][0:psz, qo : qo + qsz], src=sums[p][q][0:psz, 0:qsz])
+                        nisa.tensor_copy(
+                            dst=staged[p][0:psz, qo : qo + qsz], src=sums[p][q][0:psz, 0:qsz]
+                        )
                     elif n_kb > 1 and out.dtype != nl.float32:
-                        nisa.tensor_copy(dst=staged[p][0:psz, qo : qo + qsz], src=sums[p][0:psz, qo : qo + qsz])
+                        nisa.tensor_copy(
+                            dst=staged[p][0:psz, qo : qo + qsz], src=sums[p][0:psz, qo : qo + qsz]
+                        )
                 if a_stationary:
-                    nisa.dma_copy(dst=out[m0 + po : m0 + po + psz, n0 : n0 + ns_blk], src=staged[p][0:psz, 0:ns_blk])
+                    nisa.dma_copy(
+                        dst=out[m0 + po : m0 + po + psz, n0 : n0 + ns_blk],
+                        src=staged[p][0:psz, 0:ns_blk],
+                    )
                 else:
                     # C^T rows (N on partitions) go back through a transposing access pattern.
                     nisa.dma_copy(
@@ -231,11 +276,18 @@ def validate(a, b) -> None:
     if b.dim() != 2:
         raise LimitError(OP, "b rank", "must be 2 ([K, N]; batch a instead)", b.dim(), limit=2)
     if b.shape[0] != a.shape[-1]:
-        raise LimitError(OP, "b.shape[0]", f"must equal a.shape[-1] (K = {a.shape[-1]})", b.shape[0],
-                         limit=a.shape[-1])
+        raise LimitError(
+            OP,
+            "b.shape[0]",
+            f"must equal a.shape[-1] (K = {a.shape[-1]})",
+            b.shape[0],
+            limit=a.shape[-1],
+        )
     for arg, t in (("a", a), ("b", b)):
         if _dtype_name(t) not in DTYPES:
-            raise LimitError(OP, f"{arg} dtype", f"must be one of {DTYPES}", _dtype_name(t), limit=DTYPES)
+            raise LimitError(
+                OP, f"{arg} dtype", f"must be one of {DTYPES}", _dtype_name(t), limit=DTYPES
+            )
     if a.dtype != b.dtype:
         raise LimitError(OP, "b dtype", f"must equal a's dtype ({_dtype_name(a)})", _dtype_name(b))
     if a.device != b.device:
@@ -303,19 +355,39 @@ def check(problem: dict, dtype: str, config: MatmulConfig, target: str) -> None:
             raise LimitError(OP, dim, "must be >= 1", problem[dim], limit=1)
     if config.transpose == "dma":
         if not tg.has_dma_transpose:
-            raise LimitError(OP, "config transpose", f"must not be 'dma' on {tg.name} (DMA transpose needs trn2+)",
-                             "dma")
+            raise LimitError(
+                OP,
+                "config transpose",
+                f"must not be 'dma' on {tg.name} (DMA transpose needs trn2+)",
+                "dma",
+            )
         if _ITEMSIZE[dtype] != 2:
-            raise LimitError(OP, "config transpose", "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
-                             f"dma with {dtype}")
+            raise LimitError(
+                OP,
+                "config transpose",
+                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
+                f"dma with {dtype}",
+            )
     banks = psum_banks(problem, config)
     if banks > tg.psum_num_banks:
-        raise LimitError(OP, "PSUM banks", f"must be <= {tg.psum_num_banks} ({tg.name})", banks,
-                         limit=tg.psum_num_banks, hint="lower block_m * block_n or accumulate in SBUF")
+        raise LimitError(
+            OP,
+            "PSUM banks",
+            f"must be <= {tg.psum_num_banks} ({tg.name})",
+            banks,
+            limit=tg.psum_num_banks,
+            hint="lower block_m * block_n or accumulate in SBUF",
+        )
     need = sbuf_bytes(problem, dtype, config)
     if need > tg.sbuf_usable_bytes:
-        raise LimitError(OP, "SBUF bytes per partition", f"must be <= {tg.sbuf_usable_bytes} ({tg.name})", need,
-                         limit=tg.sbuf_usable_bytes, hint="lower block_k or the block sizes")
+        raise LimitError(
+            OP,
+            "SBUF bytes per partition",
+            f"must be <= {tg.sbuf_usable_bytes} ({tg.name})",
+            need,
+            limit=tg.sbuf_usable_bytes,
+            hint="lower block_k or the block sizes",
+        )
 
 
 # -- launch from torch -----------------------------------------------------------------------
@@ -336,7 +408,7 @@ def launch(a: torch.Tensor, b: torch.Tensor, *, config: MatmulConfig, runner) ->
 def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     """Inputs whose products sum to O(1): entries ~ N(0, 1/sqrt(K)) each."""
     m, n, k = problem["m"], problem["n"], problem["k"]
-    scale = k ** -0.25
+    scale = k**-0.25
     a = (torch.randn(m, k, generator=generator) * scale).to(getattr(torch, dtype))
     b = (torch.randn(k, n, generator=generator) * scale).to(getattr(torch, dtype))
     return a, b
@@ -353,6 +425,7 @@ def parse_shape(text: str) -> dict:
 
 def shape_bucket(problem: dict) -> str:
     """Each dim rounded up to a power of two (at least 128): configs transfer within a bucket."""
+
     def up(x):
         return max(128, 1 << (max(1, x) - 1).bit_length())
 
@@ -370,7 +443,9 @@ def _backward(ctx, grad):
         grad_a = torch.ops.neuron.matmul(grad.contiguous(), b.t().contiguous())
     if ctx.needs_input_grad[1]:
         k, n = b.shape
-        grad_b = torch.ops.neuron.matmul(a.reshape(-1, k).t().contiguous(), grad.reshape(-1, n).contiguous())
+        grad_b = torch.ops.neuron.matmul(
+            a.reshape(-1, k).t().contiguous(), grad.reshape(-1, n).contiguous()
+        )
     return grad_a, grad_b
 
 
@@ -402,8 +477,12 @@ SPEC = register(
             # (~sqrt(K) * 2^-24 for O(1) partial sums; << 1e-4 for K <= 4096) and the one
             # final rounding to the output dtype (<= 0.5 ulp = 2^-8 / 2^-11 / 2^-24 relative).
             "float32": Tolerance(1e-4, 2**-20, "fp32 accumulation over K, final fp32 rounding"),
-            "bfloat16": Tolerance(1e-4, 2**-7, "one bf16 rounding of an fp32 sum: 2x the 0.5-ulp bound"),
-            "float16": Tolerance(1e-4, 2**-10, "one fp16 rounding of an fp32 sum: 2x the 0.5-ulp bound"),
+            "bfloat16": Tolerance(
+                1e-4, 2**-7, "one bf16 rounding of an fp32 sum: 2x the 0.5-ulp bound"
+            ),
+            "float16": Tolerance(
+                1e-4, 2**-10, "one fp16 rounding of an fp32 sum: 2x the 0.5-ulp bound"
+            ),
         },
         make_inputs=make_inputs,
         parse_shape=parse_shape,

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar
 
 from neuron_kernels.errors import LimitError
 
@@ -37,8 +38,12 @@ def tunable(default: Any, choices: tuple, why: str) -> Any:
     for the default labelled "modeled" (cost model) or "hardware" (a Trn2 run)."""
     if default not in choices:
         raise ValueError(f"default {default!r} is not among the choices {choices!r}")
-    if not (why.startswith("modeled") or why.startswith("hardware") or why.startswith("correctness")):
-        raise ValueError(f"the reason for a default must start with 'modeled', 'hardware' or 'correctness': {why!r}")
+    if not (
+        why.startswith("modeled") or why.startswith("hardware") or why.startswith("correctness")
+    ):
+        raise ValueError(
+            f"the reason for a default must start with 'modeled', 'hardware' or 'correctness': {why!r}"
+        )
     return field(default=default, metadata={"choices": tuple(choices), "why": why})
 
 
@@ -49,7 +54,7 @@ class TunableConfig:
     op_name: ClassVar[str] = "op"
 
     @classmethod
-    def default(cls) -> "TunableConfig":
+    def default(cls) -> TunableConfig:
         return cls()
 
     @classmethod
@@ -62,22 +67,29 @@ class TunableConfig:
         return {f.name: f.metadata["why"] for f in dataclasses.fields(cls)}
 
     @classmethod
-    def all_configs(cls) -> Iterator["TunableConfig"]:
+    def all_configs(cls) -> Iterator[TunableConfig]:
         space = cls.space()
         for values in itertools.product(*space.values()):
             yield cls(**dict(zip(space, values)))
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "TunableConfig":
+    def from_dict(cls, values: Mapping[str, Any]) -> TunableConfig:
         """Build a config from a mapping, refusing unknown fields and values off the grid."""
         space = cls.space()
         unknown = set(values) - set(space)
         if unknown:
-            raise LimitError(cls.op_name, "config", f"must only name the fields {sorted(space)}", sorted(unknown))
+            raise LimitError(
+                cls.op_name, "config", f"must only name the fields {sorted(space)}", sorted(unknown)
+            )
         for name, value in values.items():
             if value not in space[name]:
-                raise LimitError(cls.op_name, f"config {name}", f"must be one of {space[name]}", value,
-                                 limit=space[name])
+                raise LimitError(
+                    cls.op_name,
+                    f"config {name}",
+                    f"must be one of {space[name]}",
+                    value,
+                    limit=space[name],
+                )
         return cls(**dict(values))
 
     def to_dict(self) -> dict[str, Any]:

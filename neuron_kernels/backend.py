@@ -39,7 +39,9 @@ def _interpreter():
 
 def resolve(choice: str | None = None):
     """Return ``(name, nki, nl, nisa)`` for ``choice`` (default: the environment variable)."""
-    choice = (choice if choice is not None else os.environ.get(BACKEND_ENV, "auto")).strip().lower() or "auto"
+    choice = (
+        choice if choice is not None else os.environ.get(BACKEND_ENV, "auto")
+    ).strip().lower() or "auto"
     if choice not in _CHOICES:
         raise BackendError(f"{BACKEND_ENV} must be one of {'|'.join(_CHOICES)}, got {choice!r}")
     if choice == "interpreter":

@@ -43,7 +43,10 @@ class LimitError(ValueError):
         super().__init__(message)
 
     def __reduce__(self):  # keep the fields through pickling (multiprocessing, pytest-xdist)
-        return (_rebuild, (type(self), self.op, self.arg, self.rule, self.value, self.limit, self.hint))
+        return (
+            _rebuild,
+            (type(self), self.op, self.arg, self.rule, self.value, self.limit, self.hint),
+        )
 
 
 def _rebuild(cls, op, arg, rule, value, limit, hint):

@@ -161,7 +161,7 @@ TARGETS: dict[str, Target] = {
 _ALIASES = {"gen2": "trn1", "inf2": "trn1", "gen3": "trn2", "gen4": "trn3"}
 
 
-def target_from_name(name: "str | Target", setting: str = "target") -> Target:
+def target_from_name(name: str | Target, setting: str = "target") -> Target:
     """The target for ``trn1|inf2|gen2``, ``trn2|gen3`` or ``trn3|gen4``.
 
     Raises:
@@ -171,7 +171,9 @@ def target_from_name(name: "str | Target", setting: str = "target") -> Target:
         return name
     key = _ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
     if key not in TARGETS:
-        raise LimitError("target", setting, "must be one of trn1|inf2|gen2, trn2|gen3, trn3|gen4", name)
+        raise LimitError(
+            "target", setting, "must be one of trn1|inf2|gen2, trn2|gen3, trn3|gen4", name
+        )
     return TARGETS[key]
 
 
@@ -180,16 +182,18 @@ def default_target() -> Target:
     return target_from_name(os.environ.get(TARGET_ENV) or "trn2", setting=TARGET_ENV)
 
 
-def usable_psum_banks(target: "str | Target") -> int:
+def usable_psum_banks(target: str | Target) -> int:
     """PSUM banks a kernel may use: all 8, but 7 on NeuronCore-v3+ when
     NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true reserves one for DMA transposes [ts]. Read at each
     call, as the compiler reads the variable at each compile."""
     tg = target_from_name(target)
-    reserved = os.environ.get(PE_TRANSPOSE_DMA_ENV, "").strip().lower() == "true" and tg.nc_version >= 3
+    reserved = (
+        os.environ.get(PE_TRANSPOSE_DMA_ENV, "").strip().lower() == "true" and tg.nc_version >= 3
+    )
     return tg.psum_num_banks - (1 if reserved else 0)
 
 
-def usable_psum_bytes(target: "str | Target") -> int:
+def usable_psum_bytes(target: str | Target) -> int:
     """PSUM bytes per partition a kernel may use (its usable banks)."""
     tg = target_from_name(target)
     return usable_psum_banks(tg) * tg.psum_bank_bytes

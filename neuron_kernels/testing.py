@@ -41,7 +41,9 @@ def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: 
         )
 
 
-def interpreter_runner_for(target: str | None = None, compute: bool = True, runs: list | None = None):
+def interpreter_runner_for(
+    target: str | None = None, compute: bool = True, runs: list | None = None
+):
     """A runner executing kernels on our interpreter for ``target``; keeps each ``Run`` in
     ``runs`` when given (trace and memory peaks)."""
     from neuron_kernels.interpreter import run
@@ -55,7 +57,9 @@ def interpreter_runner_for(target: str | None = None, compute: bool = True, runs
     return runner
 
 
-def run_kernel(spec, args: tuple, config=None, target: str | None = None, runs: list | None = None) -> Any:
+def run_kernel(
+    spec, args: tuple, config=None, target: str | None = None, runs: list | None = None
+) -> Any:
     """``spec.launch`` on the interpreter with ``config`` (default: the op's default)."""
     config = config if config is not None else spec.config.default()
     return spec.launch(*args, config=config, runner=interpreter_runner_for(target, runs=runs))

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from neuron_kernels.interpreter import nki as interpreter_nki
 
 from neuron_kernels import backend
+from neuron_kernels.interpreter import nki as interpreter_nki
 
 NKI_INSTALLED = importlib.util.find_spec("nki") is not None
 needs_no_nki = pytest.mark.skipif(NKI_INSTALLED, reason="AWS's nki package is installed here")

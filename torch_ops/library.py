@@ -12,8 +12,8 @@ import inspect
 
 import torch
 
-from neuron_kernels.kernels.spec import OpSpec
 from neuron_kernels.hardware import default_target
+from neuron_kernels.kernels.spec import OpSpec
 from neuron_kernels.torch_ops import neuron_device, routing
 
 __all__ = ["NAMESPACE", "register_op", "op_signature"]
@@ -66,7 +66,10 @@ def register_op(spec: OpSpec):
         args = bind(args, kwargs)
         spec.validate(*args)
         device = _tensors(args)[0].device
-        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in spec.output_shapes(*args)]
+        outs = [
+            torch.empty(shape, dtype=dtype, device=device)
+            for shape, dtype in spec.output_shapes(*args)
+        ]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     op.register_fake(fake_impl)

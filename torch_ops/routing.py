@@ -18,13 +18,17 @@ __all__ = ["CPU_MODE_ENV", "cpu_mode", "current_cpu_mode", "interpreter_runner",
 
 CPU_MODE_ENV = "NEURON_KERNELS_CPU"
 CPU_MODES = ("reference", "interpret")
-_OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar("neuron_kernels_cpu_mode", default=None)
+_OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "neuron_kernels_cpu_mode", default=None
+)
 
 
 def _check_mode(mode: str, source: str) -> str:
     mode = mode.strip().lower()
     if mode not in CPU_MODES:
-        raise LimitError("neuron_kernels.torch_ops", source, f"must be one of {'|'.join(CPU_MODES)}", mode)
+        raise LimitError(
+            "neuron_kernels.torch_ops", source, f"must be one of {'|'.join(CPU_MODES)}", mode
+        )
     return mode
 
 

@@ -39,7 +39,9 @@ ENGINE_NAME = {
 ENGINE_READS = {"tensor": SBUF, "vector": ON_CHIP, "scalar": ON_CHIP, "gpsimd": SBUF}
 ENGINE_WRITES = {"tensor": PSUM, "vector": ON_CHIP, "scalar": ON_CHIP, "gpsimd": SBUF}
 ENGINE_LABEL = {
-    "tensor": "Tensor Engine", "vector": "Vector Engine", "scalar": "Scalar Engine",
+    "tensor": "Tensor Engine",
+    "vector": "Vector Engine",
+    "scalar": "Scalar Engine",
     "gpsimd": "GpSimd Engine",
 }
 
@@ -50,7 +52,7 @@ class NkiInstruction:
     def __init__(self, handle):
         self._ins = handle
 
-    def depends_on(self, *producers: "NkiInstruction") -> "NkiInstruction":
+    def depends_on(self, *producers: NkiInstruction) -> NkiInstruction:
         for p in producers:
             if not isinstance(p, NkiInstruction):
                 raise NkiValidationError(
@@ -101,8 +103,12 @@ class OperandChecks:
         t = self.tensor(arg, t)
         allowed = (ENGINE_WRITES if write else ENGINE_READS)[eng]
         if t._storage.buffer not in allowed:  # message built only on failure (hot path)
-            self.buffer(arg, t, allowed, f"{ENGINE_LABEL[eng]} {'writes' if write else 'reads'} "
-                        f"{_buffer_names(allowed)}")
+            self.buffer(
+                arg,
+                t,
+                allowed,
+                f"{ENGINE_LABEL[eng]} {'writes' if write else 'reads'} {_buffer_names(allowed)}",
+            )
         self.partitions(arg, t)
         if self.target.start_partition_rule:
             self.start_partition(arg, t)
@@ -142,7 +148,7 @@ class OperandChecks:
                 len(dims),
                 limit=tg.ap_max_free_dims,
             )
-        for n, s in dims:
+        for _n, s in dims:
             if not tg.ap_min_stride <= s <= tg.ap_max_stride:
                 self.fail(
                     f"{arg} free-dim stride",
@@ -194,7 +200,13 @@ class OperandChecks:
             self.fail(f"{a[0]} and {b[0]}", "must not both be in PSUM", "both in PSUM")
 
     def scalar_or_column(
-        self, arg: str, v, partitions: int, *, fp32: bool = True, allow_scalar: bool = True,
+        self,
+        arg: str,
+        v,
+        partitions: int,
+        *,
+        fp32: bool = True,
+        allow_scalar: bool = True,
         integer: bool = False,
     ):
         """A compile-time scalar or a ``(partitions, 1)`` SBUF/PSUM tile, as an fp32
@@ -245,16 +257,23 @@ class OperandChecks:
             return default
         name = ENGINE_NAME.get(arg_value)
         if name not in allowed:
-            self.fail("engine", f"must be one of {', '.join('nisa.engine.' + a for a in allowed)} or unknown",
-                      f"nisa.engine.{arg_value.name}")
+            self.fail(
+                "engine",
+                f"must be one of {', '.join('nisa.engine.' + a for a in allowed)} or unknown",
+                f"nisa.engine.{arg_value.name}",
+            )
         return name
 
     def needs_nc_version(self, version: int, arg: str = "target") -> None:
         """Generation gate: the instruction (or ``arg``) exists from NeuronCore-v``version``."""
         tg = self.target
         if tg.nc_version < version:
-            self.fail(arg, f"needs NeuronCore-v{version} or newer",
-                      f"{tg.name} (NeuronCore-v{tg.nc_version})", limit=version)
+            self.fail(
+                arg,
+                f"needs NeuronCore-v{version} or newer",
+                f"{tg.name} (NeuronCore-v{tg.nc_version})",
+                limit=version,
+            )
 
     def flag(self, arg: str, v) -> bool:
         if not isinstance(v, (bool, np.bool_)):
@@ -287,8 +306,13 @@ def apply_binary(op: Operator, a, b, *, reverse: bool = False):
     with np.errstate(all="ignore"):
         if op.is_bitvec:
             return op.fn2(lhs, rhs)
-        return np.asarray(op.fn2(np.float32(lhs) if np.isscalar(lhs) else lhs,
-                                 np.float32(rhs) if np.isscalar(rhs) else rhs), dtype=np.float32)
+        return np.asarray(
+            op.fn2(
+                np.float32(lhs) if np.isscalar(lhs) else lhs,
+                np.float32(rhs) if np.isscalar(rhs) else rhs,
+            ),
+            dtype=np.float32,
+        )
 
 
 def apply_unary(op: Operator, a):

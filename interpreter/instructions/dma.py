@@ -22,7 +22,9 @@ def _dge(check: OperandChecks, dge_mode) -> str:
     if not isinstance(dge_mode, DgeMode):
         check.fail("dge_mode", "must be an nisa.dge_mode member", repr(dge_mode))
     if dge_mode is DgeMode.hwdge and not check.target.has_hwdge:
-        check.fail("dge_mode", "hwdge needs NeuronCore-v3 or newer", f"hwdge on {check.target.name}")
+        check.fail(
+            "dge_mode", "hwdge needs NeuronCore-v3 or newer", f"hwdge on {check.target.name}"
+        )
     return dge_mode.name
 
 
@@ -35,8 +37,15 @@ def _priority(check: OperandChecks, priority) -> None:
         check.fail("priority", "must be an int in 0..3", priority, limit=(0, 3))
 
 
-def dma_copy(dst, src, priority=None, oob_mode=OobMode.error, dge_mode=DgeMode.unknown,
-             engine=Engine.unknown, name=None):
+def dma_copy(
+    dst,
+    src,
+    priority=None,
+    oob_mode=OobMode.error,
+    dge_mode=DgeMode.unknown,
+    engine=Engine.unknown,
+    name=None,
+):
     """Copy ``src`` to ``dst`` (HBM or SBUF) with a DMA engine: ``dst = src`` in row-major order.
 
     Different dtypes convert through fp32 (not allowed with hwdge).
@@ -51,20 +60,30 @@ def dma_copy(dst, src, priority=None, oob_mode=OobMode.error, dge_mode=DgeMode.u
     if not isinstance(oob_mode, OobMode):
         check.fail("oob_mode", "must be an nisa.oob_mode member", repr(oob_mode))
     if oob_mode is OobMode.skip:
-        check.fail("oob_mode", "skip is only valid with indirect (vector/scalar offset) access", "skip")
+        check.fail(
+            "oob_mode", "skip is only valid with indirect (vector/scalar offset) access", "skip"
+        )
     if not isinstance(engine, Engine):
         check.fail("engine", "must be an nisa.engine member", repr(engine))
     if engine is not Engine.unknown:
         if mode != "hwdge":
-            check.fail("engine", "may only be set with dge_mode=nisa.dge_mode.hwdge",
-                       f"nisa.engine.{engine.name}")
+            check.fail(
+                "engine",
+                "may only be set with dge_mode=nisa.dge_mode.hwdge",
+                f"nisa.engine.{engine.name}",
+            )
         if engine not in (Engine.sync, Engine.scalar):
-            check.fail("engine", "must be nisa.engine.sync or nisa.engine.scalar",
-                       f"nisa.engine.{engine.name}")
+            check.fail(
+                "engine",
+                "must be nisa.engine.sync or nisa.engine.scalar",
+                f"nisa.engine.{engine.name}",
+            )
     if dst.size != src.size:
         check.fail("dst element count", f"must equal src's ({src.size})", dst.size, limit=src.size)
     if mode == "hwdge" and dst.dtype != src.dtype:
-        check.fail("dst dtype", f"must equal src dtype ({src.dtype}) with hwdge (no casting)", dst.dtype)
+        check.fail(
+            "dst dtype", f"must equal src dtype ({src.dtype}) with hwdge (no casting)", dst.dtype
+        )
     for arg, t in (("dst", dst), ("src", src)):
         if t.on_chip:
             check.partitions(arg, t)
@@ -73,7 +92,12 @@ def dma_copy(dst, src, priority=None, oob_mode=OobMode.error, dge_mode=DgeMode.u
     else:  # src -> fp32 -> dst, one rounding into dst.dtype
         dst._write(src._read_f32() if check.compute else None)
     return check.record(
-        "dma", [src], [dst], name, dge_mode=mode, cast=dst.dtype != src.dtype,
+        "dma",
+        [src],
+        [dst],
+        name,
+        dge_mode=mode,
+        cast=dst.dtype != src.dtype,
         trigger=engine.name if engine is not Engine.unknown else None,
     )
 
@@ -81,8 +105,9 @@ def dma_copy(dst, src, priority=None, oob_mode=OobMode.error, dge_mode=DgeMode.u
 _TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 
 
-def dma_transpose(dst, src, axes=None, priority=None, dge_mode=DgeMode.unknown, oob_mode=OobMode.error,
-                  name=None):
+def dma_transpose(
+    dst, src, axes=None, priority=None, dge_mode=DgeMode.unknown, oob_mode=OobMode.error, name=None
+):
     """Transpose ``src`` (HBM or SBUF) into ``dst`` (SBUF) with the DMA engines (v3+).
 
     Permutations: 2-D ``(1, 0)``, 3-D ``(2, 1, 0)``, 4-D ``(3, 1, 2, 0)``.
@@ -101,8 +126,11 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=DgeMode.unknown, 
     if not isinstance(oob_mode, OobMode):
         check.fail("oob_mode", "must be an nisa.oob_mode member", repr(oob_mode))
     if oob_mode is OobMode.skip:
-        check.fail("oob_mode", "skip is only valid with indirect (vector/scalar offset) source access",
-                   "skip")
+        check.fail(
+            "oob_mode",
+            "skip is only valid with indirect (vector/scalar offset) source access",
+            "skip",
+        )
     if src.ndim not in _TRANSPOSE_AXES:
         check.fail("src rank", "must be 2, 3 or 4", src.ndim, limit=(2, 3, 4))
     perm = _TRANSPOSE_AXES[src.ndim]
@@ -121,8 +149,9 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=DgeMode.unknown, 
     sizes = (2,) if mode == "hwdge" else (2, 4)
     if src.itemsize not in sizes:
         what = "2-byte" if mode == "hwdge" else "2- or 4-byte"
-        check.fail("src dtype", f"must be a {what} dtype ({mode} DMA transpose)", src.dtype,
-                   limit=sizes)
+        check.fail(
+            "src dtype", f"must be a {what} dtype ({mode} DMA transpose)", src.dtype, limit=sizes
+        )
     if src.shape[-1] > 128:
         check.fail("src.shape[-1]", "must be <= 128", src.shape[-1], limit=128)
     if mode == "hwdge":
@@ -130,11 +159,19 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=DgeMode.unknown, 
         if src.ndim == 2 and lead != 16:
             check.fail("src.shape[0]", "must be 16 for a 2-D hwdge transpose", lead, limit=16)
         if src.ndim > 2 and lead not in (1, 2, 4, 8, 16):
-            check.fail("src.shape[0]", "must be one of (1, 2, 4, 8, 16) for a 3-D/4-D hwdge transpose",
-                       lead, limit=(1, 2, 4, 8, 16))
+            check.fail(
+                "src.shape[0]",
+                "must be one of (1, 2, 4, 8, 16) for a 3-D/4-D hwdge transpose",
+                lead,
+                limit=(1, 2, 4, 8, 16),
+            )
         if src.ndim > 2 and (lead * src.shape[-2]) % 16:
-            check.fail("src.shape[0] * src.shape[-2]", "must be a multiple of 16 for a 3-D/4-D hwdge "
-                       "transpose", lead * src.shape[-2], limit=16)
+            check.fail(
+                "src.shape[0] * src.shape[-2]",
+                "must be a multiple of 16 for a 3-D/4-D hwdge transpose",
+                lead * src.shape[-2],
+                limit=16,
+            )
     check.partitions("dst", dst)
     if src.on_chip:
         check.partitions("src", src)

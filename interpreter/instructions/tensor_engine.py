@@ -57,15 +57,24 @@ def _tiling(check: OperandChecks, tile_position, tile_size, k: int, m: int):
     if tile_position in ((), None) and tile_size in ((), None):
         return None
     if tile_position in ((), None) or tile_size in ((), None):
-        check.fail("tile_position/tile_size", "must both be set to enable tiling mode",
-                   (tile_position, tile_size))
+        check.fail(
+            "tile_position/tile_size",
+            "must both be set to enable tiling mode",
+            (tile_position, tile_size),
+        )
     try:
         row_size, col_size = tile_size
         start_row, start_col = tile_position
     except (TypeError, ValueError):
-        check.fail("tile_size/tile_position", "must be 2-tuples of ints", (tile_size, tile_position))
-    for arg, v in (("tile_size", row_size), ("tile_size", col_size), ("tile_position", start_row),
-                   ("tile_position", start_col)):
+        check.fail(
+            "tile_size/tile_position", "must be 2-tuples of ints", (tile_size, tile_position)
+        )
+    for arg, v in (
+        ("tile_size", row_size),
+        ("tile_size", col_size),
+        ("tile_position", start_row),
+        ("tile_position", start_col),
+    ):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             check.fail(arg, "must hold ints", v)
     sizes = (32, 64, 128) if check.target.min_pe_tile == 32 else (64, 128)
@@ -73,17 +82,33 @@ def _tiling(check: OperandChecks, tile_position, tile_size, k: int, m: int):
         if v not in sizes:
             check.fail(arg, f"must be one of {sizes} on {check.target.name}", v, limit=sizes)
     if start_row % row_size or not 0 <= start_row < 128:
-        check.fail("tile_position start_row", f"must be a multiple of row_size {row_size} below 128",
-                   start_row, limit=row_size)
+        check.fail(
+            "tile_position start_row",
+            f"must be a multiple of row_size {row_size} below 128",
+            start_row,
+            limit=row_size,
+        )
     if start_col % col_size or not 0 <= start_col < 128:
-        check.fail("tile_position start_column",
-                   f"must be a multiple of column_size {col_size} below 128", start_col, limit=col_size)
+        check.fail(
+            "tile_position start_column",
+            f"must be a multiple of column_size {col_size} below 128",
+            start_col,
+            limit=col_size,
+        )
     if k > row_size:
-        check.fail("stationary partition dimension", f"must be <= row_size {row_size} in tiling mode",
-                   k, limit=row_size)
+        check.fail(
+            "stationary partition dimension",
+            f"must be <= row_size {row_size} in tiling mode",
+            k,
+            limit=row_size,
+        )
     if m > col_size:
-        check.fail("stationary free size", f"must be <= column_size {col_size} in tiling mode", m,
-                   limit=col_size)
+        check.fail(
+            "stationary free size",
+            f"must be <= column_size {col_size} in tiling mode",
+            m,
+            limit=col_size,
+        )
     return (int(row_size), int(col_size), int(start_row), int(start_col))
 
 
@@ -146,9 +171,19 @@ def _mark_matmul_written(dst: NkiTensor, state: np.ndarray) -> None:
     dst._storage.written = True
 
 
-def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
-              is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
-              perf_mode=PerfMode.none, name=None):
+def nc_matmul(
+    dst,
+    stationary,
+    moving,
+    is_stationary_onezero=False,
+    is_moving_onezero=False,
+    is_transpose=False,
+    accumulate=None,
+    tile_position=(),
+    tile_size=(),
+    perf_mode=PerfMode.none,
+    name=None,
+):
     """``dst = stationary.T @ moving`` on the Tensor Engine, accumulating in fp32 PSUM.
 
     Raises:
@@ -172,28 +207,42 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     allowed_in = _MATMUL_INPUTS + (("float8_e4m3fn",) if tg.has_fp8_e4m3fn else ())
     for arg, t in (("stationary", stationary), ("moving", moving)):
         if t.dtype not in allowed_in:
-            check.fail(f"{arg} dtype", f"must be one of {', '.join(allowed_in)} on {tg.name}",
-                       t.dtype, limit=allowed_in)
+            check.fail(
+                f"{arg} dtype",
+                f"must be one of {', '.join(allowed_in)} on {tg.name}",
+                t.dtype,
+                limit=allowed_in,
+            )
     s_dt, m_dt = stationary.dtype, moving.dtype
     if (s_dt in _FP32_FAMILY) != (m_dt in _FP32_FAMILY):
-        check.fail("moving dtype", f"must be float32/tfloat32 when stationary is {s_dt} "
-                   "(and vice versa)", m_dt)
+        check.fail(
+            "moving dtype",
+            f"must be float32/tfloat32 when stationary is {s_dt} (and vice versa)",
+            m_dt,
+        )
     if {s_dt, m_dt} == {"float8_e4m3", "float8_e4m3fn"}:
         check.fail("moving dtype", "must not mix legacy float8_e4m3 with OCP float8_e4m3fn", m_dt)
 
     # shapes
     k = stationary.partitions
     if moving.partitions != k:
-        check.fail("moving partition dimension", f"must equal stationary's ({k})", moving.partitions,
-                   limit=k)
+        check.fail(
+            "moving partition dimension",
+            f"must equal stationary's ({k})",
+            moving.partitions,
+            limit=k,
+        )
     if double_row:
         if not tg.has_double_row:
             check.fail("perf_mode", "double_row needs NeuronCore-v3 or newer", tg.name)
         if s_dt not in _FP8 or m_dt not in _FP8:
             check.fail("perf_mode", "double_row needs float8 stationary and moving", (s_dt, m_dt))
         if is_transpose:
-            check.fail("perf_mode", "double_row cannot be combined with transpose mode",
-                       "is_transpose=True")
+            check.fail(
+                "perf_mode",
+                "double_row cannot be combined with transpose mode",
+                "is_transpose=True",
+            )
         for arg, t in (("stationary", stationary), ("moving", moving)):
             if t.ndim != 3 or t.shape[1] != 2:
                 check.fail(f"{arg} shape", "must be [K, 2, F] in double_row mode", t.shape)
@@ -204,18 +253,25 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if double_row and tiling is not None and tiling[1] != 128:
         check.fail("tile_size", "column tiling cannot be combined with double_row", tile_size)
     if m > tg.gemm_stationary_fmax:
-        check.fail("stationary free size", f"must be <= {tg.gemm_stationary_fmax}", m,
-                   limit=tg.gemm_stationary_fmax)
+        check.fail(
+            "stationary free size",
+            f"must be <= {tg.gemm_stationary_fmax}",
+            m,
+            limit=tg.gemm_stationary_fmax,
+        )
 
     # Transpose mode (v3+): stationary is the tile, moving the [K, K] identity; bit-accurate.
     # On v2 is_transpose only labels an ordinary matmul for the profiler.
     transpose_mode = is_transpose and tg.has_transpose_mode
     if transpose_mode and n != k:
-        check.fail("moving free size", f"must be {k} (the [K, K] identity) in transpose mode", n,
-                   limit=k)
+        check.fail(
+            "moving free size", f"must be {k} (the [K, K] identity) in transpose mode", n, limit=k
+        )
 
     # destination dtype and size
-    normal_dst = dst.dtype == "float32" or (dst.dtype == "bfloat16" and tg.matmul_moving_fmax_bf16_dst)
+    normal_dst = dst.dtype == "float32" or (
+        dst.dtype == "bfloat16" and tg.matmul_moving_fmax_bf16_dst
+    )
     if dst.dtype == "float32":
         n_max = tg.matmul_moving_fmax_fp32_dst
     elif normal_dst:
@@ -228,14 +284,23 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             allowed.append(f"{s_dt} (transpose mode)")
         check.fail("dst dtype", f"must be one of {allowed} on {tg.name}", dst.dtype, limit=allowed)
     if n > n_max:
-        check.fail("moving free size", f"must be <= {n_max} on {tg.name} ({dst.dtype} dst)", n,
-                   limit=n_max)
+        check.fail(
+            "moving free size", f"must be <= {n_max} on {tg.name} ({dst.dtype} dst)", n, limit=n_max
+        )
     if dst.partitions != m:
-        check.fail("dst partition dimension", f"must equal the stationary free size ({m})",
-                   dst.partitions, limit=m)
+        check.fail(
+            "dst partition dimension",
+            f"must equal the stationary free size ({m})",
+            dst.partitions,
+            limit=m,
+        )
     if dst.elems_per_partition != n:
-        check.fail("dst elements per partition", f"must equal the moving free size ({n})",
-                   dst.elems_per_partition, limit=n)
+        check.fail(
+            "dst elements per partition",
+            f"must equal the moving free size ({n})",
+            dst.elems_per_partition,
+            limit=n,
+        )
     if dst.itemsize != dst._storage.itemsize:
         check.fail("dst", "must not reinterpret PSUM storage to another element size", dst.dtype)
     # One bank on v2/v3 ("each nc_matmul can only write to a single PSUM bank"); on v4 the
@@ -249,8 +314,12 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         mode, mask = "overwrite", None  # a transpose is a copy; nc_transpose never accumulates
     else:
         if transpose_mode and not normal_dst:
-            check.fail("accumulate", f"must not be True with a {dst.dtype} dst: PSUM accumulates "
-                       "into float32 (or bfloat16 on NeuronCore-v4) tiles", True)
+            check.fail(
+                "accumulate",
+                f"must not be True with a {dst.dtype} dst: PSUM accumulates "
+                "into float32 (or bfloat16 on NeuronCore-v4) tiles",
+                True,
+            )
         mode, mask = _accumulation(check, state, accumulate)
 
     # math
@@ -258,8 +327,9 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         if transpose_mode:
             ident = moving._read_f32().reshape(k, k)
             if not np.array_equal(ident, np.eye(k, dtype=np.float32)):
-                check.fail("moving", "must be the identity matrix in transpose mode",
-                           "a non-identity tile")
+                check.fail(
+                    "moving", "must be the identity matrix in transpose mode", "a non-identity tile"
+                )
             raw = stationary._read_raw().reshape(k, m).T
             if dst.dtype == s_dt:
                 _store(dst, raw, mode, mask, raw=True)
@@ -274,10 +344,21 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             _store(dst, result, mode, mask, raw=False)
     _mark_matmul_written(dst, state)
     return check.record(
-        "tensor", [stationary, moving], [dst], name,
-        K=k * (2 if double_row else 1), M=m, N=n, stationary_dtype=s_dt, moving_dtype=m_dt,
-        is_transpose=is_transpose, perf_mode=perf_mode.value, tiling=tiling, accumulate=mode,
-        is_stationary_onezero=bool(is_stationary_onezero), is_moving_onezero=bool(is_moving_onezero),
+        "tensor",
+        [stationary, moving],
+        [dst],
+        name,
+        K=k * (2 if double_row else 1),
+        M=m,
+        N=n,
+        stationary_dtype=s_dt,
+        moving_dtype=m_dt,
+        is_transpose=is_transpose,
+        perf_mode=perf_mode.value,
+        tiling=tiling,
+        accumulate=mode,
+        is_stationary_onezero=bool(is_stationary_onezero),
+        is_moving_onezero=bool(is_moving_onezero),
     )
 
 
@@ -300,16 +381,25 @@ def nc_transpose(dst, data, engine=Engine.unknown, name=None):
     p, f = data.partitions, data.elems_per_partition
     limit = 128 if eng == "tensor" else tg.vector_transpose_max
     if p > limit or f > limit:
-        check.fail("data shape", f"must be at most [{limit}, {limit}] on the {eng} engine", (p, f),
-                   limit=limit)
+        check.fail(
+            "data shape",
+            f"must be at most [{limit}, {limit}] on the {eng} engine",
+            (p, f),
+            limit=limit,
+        )
     if dst.partitions != f or dst.elems_per_partition != p:
-        check.fail("dst shape", f"must be [{f}, {p}] (data transposed)",
-                   (dst.partitions, dst.elems_per_partition))
+        check.fail(
+            "dst shape",
+            f"must be [{f}, {p}] (data transposed)",
+            (dst.partitions, dst.elems_per_partition),
+        )
     # [CONFLICT] The API says dst.dtype == data.dtype; on NeuronCore-v2 the PE transpose is an
     # fp32 matmul (nki-library uses fp32 PSUM there), so fp32 dst is also accepted on v2.
     v2_pe = eng == "tensor" and not tg.has_transpose_mode
     if dst.dtype != data.dtype and not (v2_pe and dst.dtype == "float32"):
-        check.fail("dst dtype", f"must equal data dtype ({data.dtype})", dst.dtype, limit=data.dtype)
+        check.fail(
+            "dst dtype", f"must equal data dtype ({data.dtype})", dst.dtype, limit=data.dtype
+        )
     if eng == "tensor":
         _check_bank(check, dst, 1)
     if check.compute:
@@ -328,6 +418,16 @@ def nc_transpose(dst, data, engine=Engine.unknown, name=None):
         _mark_matmul_written(dst, dst._psum_state())
     elif not check.compute:
         dst._write(None)  # marks PSUM state / written flag only
-    attrs = {"K": p, "M": f, "N": p, "stationary_dtype": data.dtype, "moving_dtype": data.dtype,
-             "is_transpose": True} if eng == "tensor" else {"P": p, "F": f}
+    attrs = (
+        {
+            "K": p,
+            "M": f,
+            "N": p,
+            "stationary_dtype": data.dtype,
+            "moving_dtype": data.dtype,
+            "is_transpose": True,
+        }
+        if eng == "tensor"
+        else {"P": p, "F": f}
+    )
     return check.record(eng, [data], [dst], name, **attrs)

@@ -145,7 +145,9 @@ def _reduce_res(check: OperandChecks, reduce_res, p: int, eng: str = "vector"):
     return reduce_res
 
 
-def _accumulate(check: OperandChecks, p: int, op: Operator, partial: np.ndarray, cmd: ReduceCmd, init=None):
+def _accumulate(
+    check: OperandChecks, p: int, op: Operator, partial: np.ndarray, cmd: ReduceCmd, init=None
+):
     """Update the VectorE accumulators of the first ``p`` lanes with a per-lane ``partial``."""
     regs = check.sim.vector_regs
     if cmd is ReduceCmd.idle:

@@ -16,4 +16,6 @@ __all__ = ["jit", "simulate", "Kernel", "language", "isa"]
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-    raise _not_implemented(f"nki.{name}", known=name in {"collectives", "benchmark", "profile", "baremetal"})
+    raise _not_implemented(
+        f"nki.{name}", known=name in {"collectives", "benchmark", "profile", "baremetal"}
+    )

@@ -6,13 +6,26 @@ Any other name raises NotImplementedError naming it.
 
 from __future__ import annotations
 
+from neuron_kernels.hardware import default_target as _default_target
 from neuron_kernels.interpreter.context import current_or_none as _current_or_none
-from neuron_kernels.interpreter.enums import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd
+from neuron_kernels.interpreter.enums import (
+    dge_mode,
+    dma_engine,
+    engine,
+    matmul_perf_mode,
+    nc_version,
+    oob_mode,
+    reduce_cmd,
+)
 from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.errors import not_implemented as _not_implemented
 from neuron_kernels.interpreter.instructions._common import NkiInstruction
 from neuron_kernels.interpreter.instructions.dma import dma_copy, dma_transpose
-from neuron_kernels.interpreter.instructions.gpsimd import affine_select, iota, tensor_partition_reduce
+from neuron_kernels.interpreter.instructions.gpsimd import (
+    affine_select,
+    iota,
+    tensor_partition_reduce,
+)
 from neuron_kernels.interpreter.instructions.scalar import activation, activation_reduce
 from neuron_kernels.interpreter.instructions.tensor_engine import nc_matmul, nc_transpose
 from neuron_kernels.interpreter.instructions.vector import (
@@ -34,7 +47,6 @@ from neuron_kernels.interpreter.instructions.vector import (
     tensor_tensor,
     tensor_tensor_scan,
 )
-from neuron_kernels.hardware import default_target as _default_target
 
 # Deprecated engine constants, still used by older kernels.
 tensor_engine = engine.tensor
@@ -56,22 +68,72 @@ def get_nc_sub_version() -> int:
 
 
 __all__ = [
-    "NkiInstruction", "NkiValidationError", "dge_mode", "dma_engine", "engine", "matmul_perf_mode",
-    "nc_version", "oob_mode", "reduce_cmd", "get_nc_version", "get_nc_sub_version",
-    "dma_copy", "dma_transpose", "tensor_copy", "memset", "nc_matmul", "nc_transpose",
-    "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "tensor_reduce", "tensor_scalar_reduce",
-    "activation", "activation_reduce", "reciprocal", "iota", "affine_select", "bn_stats", "bn_aggr",
-    "tensor_tensor_scan", "tensor_copy_predicated", "tensor_partition_reduce",
-    "tensor_scalar_cumulative", "exponential", "max8", "range_select", "select_reduce",
+    "NkiInstruction",
+    "NkiValidationError",
+    "dge_mode",
+    "dma_engine",
+    "engine",
+    "matmul_perf_mode",
+    "nc_version",
+    "oob_mode",
+    "reduce_cmd",
+    "get_nc_version",
+    "get_nc_sub_version",
+    "dma_copy",
+    "dma_transpose",
+    "tensor_copy",
+    "memset",
+    "nc_matmul",
+    "nc_transpose",
+    "tensor_tensor",
+    "tensor_scalar",
+    "scalar_tensor_tensor",
+    "tensor_reduce",
+    "tensor_scalar_reduce",
+    "activation",
+    "activation_reduce",
+    "reciprocal",
+    "iota",
+    "affine_select",
+    "bn_stats",
+    "bn_aggr",
+    "tensor_tensor_scan",
+    "tensor_copy_predicated",
+    "tensor_partition_reduce",
+    "tensor_scalar_cumulative",
+    "exponential",
+    "max8",
+    "range_select",
+    "select_reduce",
 ]
 
 # APIs of NKI 0.6 the interpreter does not implement (they raise NotImplementedError).
 _KNOWN = {
-    "VirtualRegister", "nc_matmul_mx", "activate2",
-    "local_gather", "nc_n_gather", "nc_stream_shuffle", "rng", "dropout", "set_rng_seed", "rand_set_state",
-    "rand_get_state", "rand2", "sequence_bounds", "core_barrier", "dma_compute",
-    "quantize_mx", "sendrecv", "register_alloc", "register_move",
-    "register_load", "register_store", "nc_find_index8", "nc_match_replace8", "nonzero_with_count", "topk",
+    "VirtualRegister",
+    "nc_matmul_mx",
+    "activate2",
+    "local_gather",
+    "nc_n_gather",
+    "nc_stream_shuffle",
+    "rng",
+    "dropout",
+    "set_rng_seed",
+    "rand_set_state",
+    "rand_get_state",
+    "rand2",
+    "sequence_bounds",
+    "core_barrier",
+    "dma_compute",
+    "quantize_mx",
+    "sendrecv",
+    "register_alloc",
+    "register_move",
+    "register_load",
+    "register_store",
+    "nc_find_index8",
+    "nc_match_replace8",
+    "nonzero_with_count",
+    "topk",
 }
 
 

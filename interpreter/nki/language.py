@@ -11,13 +11,13 @@ import contextlib
 
 import numpy as np
 
+from neuron_kernels.hardware import default_target as _default_target
+from neuron_kernels.hardware import usable_psum_banks as _usable_psum_banks
 from neuron_kernels.interpreter import language_ops as _ops
 from neuron_kernels.interpreter.context import current as _current
 from neuron_kernels.interpreter.context import current_or_none as _current_or_none
 from neuron_kernels.interpreter.errors import NkiValidationError as _NkiValidationError
 from neuron_kernels.interpreter.errors import not_implemented as _not_implemented
-from neuron_kernels.hardware import default_target as _default_target
-from neuron_kernels.hardware import usable_psum_banks as _usable_psum_banks
 from neuron_kernels.interpreter.memory import allocate as _allocate
 from neuron_kernels.interpreter.operators import OPERATORS as _OPERATORS
 from neuron_kernels.interpreter.tensor import DynamicSlice as _DynamicSlice
@@ -117,34 +117,57 @@ def _check_address(t, address) -> None:
     ``(0, bank * 2048)``; the 0.2 migration text calls it an element offset."""
     api = "nl.ndarray"
     # (builtins such as all/max/sum are shadowed in this module by the nl operators)
-    ok = isinstance(address, tuple) and len(address) == 2 and not [
-        v for v in address
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0]
+    ok = (
+        isinstance(address, tuple)
+        and len(address) == 2
+        and not [
+            v
+            for v in address
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0
+        ]
+    )
     if not ok:
-        raise _NkiValidationError(api, "address", "must be a (partition_offset, free_offset) tuple "
-                                  "of non-negative ints", address)
+        raise _NkiValidationError(
+            api,
+            "address",
+            "must be a (partition_offset, free_offset) tuple of non-negative ints",
+            address,
+        )
     if not t.on_chip:
-        raise _NkiValidationError(api, "address", "is only meaningful for SBUF/PSUM tensors",
-                                  t.buffer.value)
+        raise _NkiValidationError(
+            api, "address", "is only meaningful for SBUF/PSUM tensors", t.buffer.value
+        )
     target = _current().target
     p_off, f_off = int(address[0]), int(address[1])
     if p_off + t.shape[0] > target.pmax:
-        raise _NkiValidationError(api, "address partition_offset",
-                                  f"must keep the {t.shape[0]} partitions within {target.pmax}",
-                                  p_off, limit=target.pmax - t.shape[0])
+        raise _NkiValidationError(
+            api,
+            "address partition_offset",
+            f"must keep the {t.shape[0]} partitions within {target.pmax}",
+            p_off,
+            limit=target.pmax - t.shape[0],
+        )
     nbytes = t._storage.bytes_per_partition
     if t.buffer is psum:
         cap = _usable_psum_banks(target) * target.psum_bank_bytes
         if f_off % target.psum_bank_bytes:
-            raise _NkiValidationError(api, "address free_offset",
-                                      f"must start a PSUM bank (a multiple of {target.psum_bank_bytes} "
-                                      "bytes)", f_off, limit=target.psum_bank_bytes)
+            raise _NkiValidationError(
+                api,
+                "address free_offset",
+                f"must start a PSUM bank (a multiple of {target.psum_bank_bytes} bytes)",
+                f_off,
+                limit=target.psum_bank_bytes,
+            )
     else:
         cap = target.sbuf_usable_bytes
     if f_off + nbytes > cap:
-        raise _NkiValidationError(api, "address free_offset", f"must leave room for the tile's "
-                                  f"{nbytes} bytes per partition within {cap}", f_off,
-                                  limit=cap - nbytes)
+        raise _NkiValidationError(
+            api,
+            "address free_offset",
+            f"must leave room for the tile's {nbytes} bytes per partition within {cap}",
+            f_off,
+            limit=cap - nbytes,
+        )
 
 
 zeros = _ops.zeros
@@ -173,7 +196,9 @@ static_range = affine_range
 def fori_loop(lower, upper, body_fun, step=1):
     """Runtime loop; the interpreter runs it as a Python loop over concrete indices."""
     if not isinstance(step, int) or step < 1:
-        raise _NkiValidationError("nl.fori_loop", "step", "must be a positive compile-time int", step)
+        raise _NkiValidationError(
+            "nl.fori_loop", "step", "must be a positive compile-time int", step
+        )
     for i in range(int(lower), int(upper), step):
         body_fun(i)
 
@@ -190,8 +215,11 @@ def program_id(axis=0):
     sim = _current()
     if not sim.program_id:
         return 0
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or \
-            not 0 <= axis < len(sim.program_id):
+    if (
+        isinstance(axis, bool)
+        or not isinstance(axis, (int, np.integer))
+        or not 0 <= axis < len(sim.program_id)
+    ):
         raise _NkiValidationError(
             "nl.program_id", "axis", f"must be in [0, {len(sim.program_id)})", axis
         )
@@ -212,7 +240,9 @@ def num_programs(axes=0):
     many = isinstance(axes, (tuple, list))
     for a in axes if many else (axes,):
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= a < len(grid):
-            raise _NkiValidationError("nl.num_programs", "axes", f"must be in [0, {len(grid)})", axes)
+            raise _NkiValidationError(
+                "nl.num_programs", "axes", f"must be in [0, {len(grid)})", axes
+            )
     if many:
         return int(np.prod([grid[a] for a in axes]))
     return grid[axes]
@@ -237,8 +267,17 @@ matmul = _ops.matmul
 transpose = _ops.transpose
 
 _KNOWN = {
-    "rand", "random_seed", "dropout", "softmax", "rms_norm", "where", "gather_flattened",
-    "broadcast_to", "expand_dims", "while_loop", "dynamic_range",
+    "rand",
+    "random_seed",
+    "dropout",
+    "softmax",
+    "rms_norm",
+    "where",
+    "gather_flattened",
+    "broadcast_to",
+    "expand_dims",
+    "while_loop",
+    "dynamic_range",
 }
 
 

@@ -13,15 +13,23 @@ import sys
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
-    "demo": ("neuron_kernels.cli.demo", "run an NKI kernel on the interpreter and check its result"),
+    "demo": (
+        "neuron_kernels.cli.demo",
+        "run an NKI kernel on the interpreter and check its result",
+    ),
     "profile": ("neuron_kernels.cli.profile", "modeled profile of an op on a target (cost model)"),
-    "calibrate": ("neuron_kernels.cli.calibrate", "cost model vs published hardware; fit it to yours"),
+    "calibrate": (
+        "neuron_kernels.cli.calibrate",
+        "cost model vs published hardware; fit it to yours",
+    ),
 }
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported to add its arguments."""
-    parser = argparse.ArgumentParser(prog="neuron-kernels", description="NKI kernels for AWS Trainium.")
+    parser = argparse.ArgumentParser(
+        prog="neuron-kernels", description="NKI kernels for AWS Trainium."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

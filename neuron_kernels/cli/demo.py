@@ -41,8 +41,8 @@ class DemoRun:
 
 def run_checks(target: str = "trn2", size: str = "small", seed: int = 0) -> list[DemoRun]:
     """Run every registered op in every dtype on the interpreter for ``target``."""
-    from neuron_kernels.kernels import REGISTRY
     from neuron_kernels.cost_model.profiler import Profiler
+    from neuron_kernels.kernels import REGISTRY
 
     checks = []
     for name, spec in sorted(REGISTRY.items()):
@@ -57,38 +57,68 @@ def run_checks(target: str = "trn2", size: str = "small", seed: int = 0) -> list
             diff = (out.double() - ref).abs()  # NaN (unwritten memory) fails the test below
             passed = bool((diff <= atol + rtol * ref.abs()).all())
             report = profiler.report()
-            checks.append(DemoRun(
-                name, " ".join(f"{k}={v}" for k, v in problem.items()), dtype, float(diff.max()), atol, rtol,
-                passed, sum(len(lp.run.trace) for lp in report.launches), report.latency_ns / 1e3, target,
-            ))
+            checks.append(
+                DemoRun(
+                    name,
+                    " ".join(f"{k}={v}" for k, v in problem.items()),
+                    dtype,
+                    float(diff.max()),
+                    atol,
+                    rtol,
+                    passed,
+                    sum(len(lp.run.trace) for lp in report.launches),
+                    report.latency_ns / 1e3,
+                    target,
+                )
+            )
     return checks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", choices=("trn1", "trn2", "trn3"), default=None,
-                        help="NeuronCore generation (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)")
-    parser.add_argument("--size", choices=sorted(SIZES), default="small", help="problem size preset (default small)")
+    parser.add_argument(
+        "--target",
+        choices=("trn1", "trn2", "trn3"),
+        default=None,
+        help="NeuronCore generation (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)",
+    )
+    parser.add_argument(
+        "--size", choices=sorted(SIZES), default="small", help="problem size preset (default small)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="torch seed of the inputs (default 0)")
 
 
 def main(args: argparse.Namespace) -> int:
     if backend.name != "interpreter":
-        print(f"neuron-kernels demo runs on the interpreter, but the NKI backend is {backend.name!r}; "
-              f"rerun with {backend.BACKEND_ENV}=interpreter")
+        print(
+            f"neuron-kernels demo runs on the interpreter, but the NKI backend is {backend.name!r}; "
+            f"rerun with {backend.BACKEND_ENV}=interpreter"
+        )
         return 2
     from neuron_kernels.interpreter import default_target
 
     target = args.target or default_target().name
-    print(f"neuron-kernels demo: the library's NKI kernels on the portable interpreter (target {target}, "
-          f"size {args.size}, seed {args.seed}), checked against their fp64 references")
+    print(
+        f"neuron-kernels demo: the library's NKI kernels on the portable interpreter (target {target}, "
+        f"size {args.size}, seed {args.seed}), checked against their fp64 references"
+    )
     checks = run_checks(target=target, size=args.size, seed=args.seed)
-    print(f"  {'op':<8} {'problem':<22} {'dtype':<9} {'max abs err':>11}  {'tolerance':<24} "
-          f"{'instructions':>12}  {'latency (modeled)':>17}  result")
+    print(
+        f"  {'op':<8} {'problem':<22} {'dtype':<9} {'max abs err':>11}  {'tolerance':<24} "
+        f"{'instructions':>12}  {'latency (modeled)':>17}  result"
+    )
     for c in checks:
-        print(f"  {c.op:<8} {c.problem:<22} {c.dtype:<9} {c.max_abs_err:>11.3g}  "
-              f"{f'atol {c.atol:g} rtol {c.rtol:g}':<24} {c.instructions:>12}  {c.modeled_us:>14.1f} us  "
-              f"{'PASS' if c.passed else 'FAIL'}")
+        print(
+            f"  {c.op:<8} {c.problem:<22} {c.dtype:<9} {c.max_abs_err:>11.3g}  "
+            f"{f'atol {c.atol:g} rtol {c.rtol:g}':<24} {c.instructions:>12}  {c.modeled_us:>14.1f} us  "
+            f"{'PASS' if c.passed else 'FAIL'}"
+        )
     failed = [f"{c.op} {c.dtype}" for c in checks if not c.passed]
-    print("FAIL: " + ", ".join(failed) if failed else f"PASS: {len(checks)} of {len(checks)} kernel runs match")
-    print("Latencies are modeled by the cost model from the interpreter trace, not measured on hardware.")
+    print(
+        "FAIL: " + ", ".join(failed)
+        if failed
+        else f"PASS: {len(checks)} of {len(checks)} kernel runs match"
+    )
+    print(
+        "Latencies are modeled by the cost model from the interpreter trace, not measured on hardware."
+    )
     return 1 if failed else 0

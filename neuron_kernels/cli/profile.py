@@ -82,9 +82,9 @@ def _config(spec, text):
 def main(args) -> int:
     import torch
 
+    from neuron_kernels.cost_model.profiler import Profiler
     from neuron_kernels.errors import LimitError
     from neuron_kernels.kernels.spec import get_spec
-    from neuron_kernels.cost_model.profiler import Profiler
 
     dtype = DTYPE_ALIASES.get(args.dtype.lower(), args.dtype.removeprefix("torch."))
     try:

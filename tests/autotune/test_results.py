@@ -12,7 +12,14 @@ from neuron_kernels.kernels import matmul
 
 SPEC = matmul.SPEC
 PROBLEM = {"m": 1000, "n": 1000, "k": 1000}
-TUNED = {"block_m": 2, "block_n": 2, "block_k": 2, "stationary": "a", "accumulate": "psum", "transpose": "dma"}
+TUNED = {
+    "block_m": 2,
+    "block_n": 2,
+    "block_k": 2,
+    "stationary": "a",
+    "accumulate": "psum",
+    "transpose": "dma",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +63,9 @@ def test_written_entry_is_found_by_its_complete_key(tmp_path):
 
 def test_hardware_beats_modeled(tmp_path):
     results.write_entry(SPEC, _entry(), "trn2", tmp_path)
-    results.write_entry(SPEC, _entry(source="hardware", config={**TUNED, "block_m": 4}), "trn2", tmp_path)
+    results.write_entry(
+        SPEC, _entry(source="hardware", config={**TUNED, "block_m": 4}), "trn2", tmp_path
+    )
     choice, _ = _lookup(tmp_path)
     assert choice.source == "hardware" and choice.config.block_m == 4
 
@@ -72,9 +81,28 @@ def test_stale_kernel_hash_falls_back_with_one_warning(tmp_path):
 
 @pytest.mark.parametrize(
     "content",
-    ["{not json", json.dumps({"format": "x"}), json.dumps({"format": results.FORMAT, "version": 99}),
-     json.dumps({"format": results.FORMAT, "version": 1, "op": "matmul", "target": "trn2",
-                 "entries": [{"shape_bucket": "b", "dtype": "d", "kernel_hash": "h", "config": {}, "source": "guess"}]})],
+    [
+        "{not json",
+        json.dumps({"format": "x"}),
+        json.dumps({"format": results.FORMAT, "version": 99}),
+        json.dumps(
+            {
+                "format": results.FORMAT,
+                "version": 1,
+                "op": "matmul",
+                "target": "trn2",
+                "entries": [
+                    {
+                        "shape_bucket": "b",
+                        "dtype": "d",
+                        "kernel_hash": "h",
+                        "config": {},
+                        "source": "guess",
+                    }
+                ],
+            }
+        ),
+    ],
     ids=["not-json", "wrong-format", "wrong-version", "bad-source"],
 )
 def test_corrupt_file_falls_back_with_one_warning(tmp_path, content):

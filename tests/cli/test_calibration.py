@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from neuron_kernels.perf_results.calibration import TABLE_JSON
 from neuron_kernels.cli import calibration
+from neuron_kernels.perf_results.calibration import TABLE_JSON
 
 
 @pytest.fixture(scope="module")

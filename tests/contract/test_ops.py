@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 import neuron_kernels.torch_ops  # noqa: F401  (registers torch.ops.neuron.*)
 from neuron_kernels.autotune import results
 from neuron_kernels.errors import LimitError
-from neuron_kernels.kernels import REGISTRY
 from neuron_kernels.interpreter import NkiValidationError
+from neuron_kernels.kernels import REGISTRY
 from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
 from neuron_kernels.torch_ops import cpu_mode, routing
 
@@ -33,7 +33,11 @@ def _problems(spec):
     dims = {}
     for dim, (lo, hi) in ranges.items():
         favoured = [e for e in edges if lo <= e <= hi]
-        dims[dim] = st.one_of(st.sampled_from(favoured), st.integers(lo, hi)) if favoured else st.integers(lo, hi)
+        dims[dim] = (
+            st.one_of(st.sampled_from(favoured), st.integers(lo, hi))
+            if favoured
+            else st.integers(lo, hi)
+        )
     return st.fixed_dictionaries(dims)
 
 
@@ -53,7 +57,9 @@ def test_kernel_agrees_with_reference(name):
         config = spec.config.default()
         out = run_kernel(spec, args, config)
         ref = spec.reference(*args, upcast=True)
-        assert_within_tolerance(out, ref, spec.tolerances[dtype], f"[{name} {problem} {dtype} {config}]")
+        assert_within_tolerance(
+            out, ref, spec.tolerances[dtype], f"[{name} {problem} {dtype} {config}]"
+        )
 
     check()
 
@@ -74,7 +80,9 @@ def test_autograd_matches_reference(name):
     spec = REGISTRY[name]
     args = _inputs(spec, spec.test_problems["probe"], "float32")
     leaves = [a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args]
-    ref_leaves = [a.detach().double().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args]
+    ref_leaves = [
+        a.detach().double().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args
+    ]
     with cpu_mode("interpret"):
         out = _op(spec)(*leaves)
     weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
@@ -82,7 +90,9 @@ def test_autograd_matches_reference(name):
     (spec.reference(*ref_leaves, upcast=True) * weight.double()).sum().backward()
     for got, want in zip(leaves, ref_leaves):
         if isinstance(got, torch.Tensor):
-            assert_within_tolerance(got.grad, want.grad, spec.tolerances["float32"], f"[{name} grad]")
+            assert_within_tolerance(
+                got.grad, want.grad, spec.tolerances["float32"], f"[{name} grad]"
+            )
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -147,8 +157,11 @@ def test_accepted_configs_fit_the_hardware_at_scale(name):
     configs = list(spec.config.all_configs())
 
     @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(config=st.sampled_from(configs), dtype=st.sampled_from(spec.dtypes),
-           target=st.sampled_from(["trn1", "trn2", "trn3"]))
+    @given(
+        config=st.sampled_from(configs),
+        dtype=st.sampled_from(spec.dtypes),
+        target=st.sampled_from(["trn1", "trn2", "trn3"]),
+    )
     def check(config, dtype, target):
         if not spec.is_valid(problem, dtype, config, target):
             return
@@ -156,8 +169,10 @@ def test_accepted_configs_fit_the_hardware_at_scale(name):
         try:
             spec.launch(*args, config=config, runner=interpreter_runner_for(target, compute=False))
         except NkiValidationError as exc:
-            pytest.fail(f"spec.check accepted {config} for {problem} {dtype} on {target}, "
-                        f"but the interpreter refused it: {exc}")
+            pytest.fail(
+                f"spec.check accepted {config} for {problem} {dtype} on {target}, "
+                f"but the interpreter refused it: {exc}"
+            )
 
     check()
 
@@ -169,7 +184,9 @@ def _stored_entries():
         if op not in REGISTRY:
             continue
         for entry in results.load_entries(path, op, target):
-            yield pytest.param(op, target, entry, id=f"{target}-{op}-{entry['shape_bucket']}-{entry['dtype']}")
+            yield pytest.param(
+                op, target, entry, id=f"{target}-{op}-{entry['shape_bucket']}-{entry['dtype']}"
+            )
 
 
 @pytest.mark.parametrize("name,target,entry", list(_stored_entries()))
@@ -184,8 +201,12 @@ def test_stored_perf_results_replay(name, target, entry):
     spec.check(problem, entry["dtype"], config, target)
     args = _inputs(spec, problem, entry["dtype"])
     out = run_kernel(spec, args, config, target=target)
-    assert_within_tolerance(out, spec.reference(*args, upcast=True), spec.tolerances[entry["dtype"]],
-                            f"[{name} stored {json.dumps(entry['config'])}]")
+    assert_within_tolerance(
+        out,
+        spec.reference(*args, upcast=True),
+        spec.tolerances[entry["dtype"]],
+        f"[{name} stored {json.dumps(entry['config'])}]",
+    )
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -202,4 +223,6 @@ def test_spec_declares_everything(name):
         assert why.split(":")[0] in ("modeled", "hardware", "correctness"), (field, why)
     for target in ("trn1", "trn2", "trn3"):
         for dtype in spec.dtypes:
-            spec.check(spec.test_problems["probe"], dtype, default, target)  # the default always runs
+            spec.check(
+                spec.test_problems["probe"], dtype, default, target
+            )  # the default always runs

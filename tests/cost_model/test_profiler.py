@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_kernels.kernels.spec import get_spec
-from neuron_kernels.cost_model import profile
-from neuron_kernels.interpreter import nki
-from neuron_kernels.cost_model.profiler import Profile, Profiler
 from neuron_kernels.cli.profile import add_arguments, main
+from neuron_kernels.cost_model import profile
+from neuron_kernels.cost_model.profiler import Profile, Profiler
+from neuron_kernels.interpreter import nki
+from neuron_kernels.kernels.spec import get_spec
 
 nl, nisa = nki.language, nki.isa
 bf16 = ml_dtypes.bfloat16

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_kernels.interpreter import nki, run
-from neuron_kernels.cost_model.schedule import Timeline, model_trace
 from neuron_kernels.cost_model.params import PARAMS, params_for
 from neuron_kernels.cost_model.profiler import profile
+from neuron_kernels.cost_model.schedule import Timeline, model_trace
+from neuron_kernels.interpreter import nki, run
 
 nl, nisa = nki.language, nki.isa
 bf16 = ml_dtypes.bfloat16

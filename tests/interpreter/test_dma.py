@@ -44,7 +44,9 @@ def copy_shapes(draw):
 def test_dma_copy_moves_elements_row_major_bit_exactly(shapes, dtype):
     rows, cols, split = shapes
     rng = np.random.default_rng(rows * 100 + cols)
-    x = rng.integers(0, 255, size=(rows, cols * np.dtype(dtype).itemsize), dtype=np.uint8).view(dtype)
+    x = rng.integers(0, 255, size=(rows, cols * np.dtype(dtype).itemsize), dtype=np.uint8).view(
+        dtype
+    )
 
     def kernel(x):
         # HBM (r, c) -> SBUF (r, c/split, split) -> SBUF -> HBM flat (r*c,): same elements.
@@ -130,7 +132,9 @@ def _copy_kernel(src_buf, dst_buf, **kw):
         src = x
         if src_buf != "hbm":
             src = nl.ndarray((4, 4), nl.float32, buffer=src_buf)
-        dst = nl.ndarray(kw.pop("dst_shape", (4, 4)), kw.pop("dst_dtype", nl.float32), buffer=dst_buf)
+        dst = nl.ndarray(
+            kw.pop("dst_shape", (4, 4)), kw.pop("dst_dtype", nl.float32), buffer=dst_buf
+        )
         nisa.dma_copy(dst=dst, src=src, **kw)
 
     return kernel
@@ -145,13 +149,21 @@ X = np.zeros((4, 4), np.float32)
         (_copy_kernel("hbm", nl.psum), "trn2", "dst", None),
         (_copy_kernel(nl.psum, nl.sbuf), "trn2", "src", None),
         (_copy_kernel("hbm", nl.sbuf, dst_shape=(4, 5)), "trn2", "dst element count", 16),
-        (_copy_kernel("hbm", nl.sbuf, dst_dtype=nl.bfloat16, dge_mode=nisa.dge_mode.hwdge), "trn2",
-         "dst dtype", None),
+        (
+            _copy_kernel("hbm", nl.sbuf, dst_dtype=nl.bfloat16, dge_mode=nisa.dge_mode.hwdge),
+            "trn2",
+            "dst dtype",
+            None,
+        ),
         (_copy_kernel("hbm", nl.sbuf, dge_mode=nisa.dge_mode.hwdge), "trn1", "dge_mode", None),
         (_copy_kernel("hbm", nl.sbuf, dge_mode=2), "trn2", "dge_mode", None),
         (_copy_kernel("hbm", nl.sbuf, engine=nisa.engine.sync), "trn2", "engine", None),
-        (_copy_kernel("hbm", nl.sbuf, engine=nisa.engine.vector, dge_mode=nisa.dge_mode.hwdge), "trn2",
-         "engine", None),
+        (
+            _copy_kernel("hbm", nl.sbuf, engine=nisa.engine.vector, dge_mode=nisa.dge_mode.hwdge),
+            "trn2",
+            "engine",
+            None,
+        ),
         (_copy_kernel("hbm", nl.sbuf, priority=1), "trn2", "priority", None),
         (_copy_kernel("hbm", nl.sbuf, priority=4), "trn3", "priority", (0, 3)),
         (_copy_kernel("hbm", nl.sbuf, oob_mode=nisa.oob_mode.skip), "trn2", "oob_mode", None),
@@ -187,14 +199,20 @@ def test_dma_copy_rejects_non_tensors():
 
 @pytest.mark.parametrize(
     "shape, perm",
-    [((16, 128), (1, 0)), ((5, 40), (1, 0)), ((2, 8, 64), (2, 1, 0)), ((4, 3, 2, 32), (3, 1, 2, 0))],
+    [
+        ((16, 128), (1, 0)),
+        ((5, 40), (1, 0)),
+        ((2, 8, 64), (2, 1, 0)),
+        ((4, 3, 2, 32), (3, 1, 2, 0)),
+    ],
 )
 @pytest.mark.parametrize("dtype", [bf16, np.float16, np.float32, np.int16])
 @pytest.mark.parametrize("src_in", ["hbm", "sbuf"])
 def test_dma_transpose_matches_numpy(shape, perm, dtype, src_in):
     rng = np.random.default_rng(3)
-    x = rng.integers(0, 255, size=shape[:-1] + (shape[-1] * np.dtype(dtype).itemsize,),
-                     dtype=np.uint8).view(dtype)
+    x = rng.integers(
+        0, 255, size=shape[:-1] + (shape[-1] * np.dtype(dtype).itemsize,), dtype=np.uint8
+    ).view(dtype)
     if src_in == "sbuf" and shape[0] > 128:
         pytest.skip("SBUF source needs <= 128 partitions")
 
@@ -225,14 +243,25 @@ def test_dma_transpose_hwdge_relaxed_shapes():
         nisa.dma_copy(dst=out, src=dst)
         return out
 
-    np.testing.assert_array_equal(run(kernel, (x,)).outputs.astype(np.float32),
-                                  np.transpose(x, (2, 1, 0)).astype(np.float32))
+    np.testing.assert_array_equal(
+        run(kernel, (x,)).outputs.astype(np.float32), np.transpose(x, (2, 1, 0)).astype(np.float32)
+    )
 
 
-def _transpose_kernel(src_shape, dst_shape, *, src_dtype=nl.bfloat16, dst_dtype=None, src_buf="hbm",
-                      dst_buf=nl.sbuf, **kw):
+def _transpose_kernel(
+    src_shape,
+    dst_shape,
+    *,
+    src_dtype=nl.bfloat16,
+    dst_dtype=None,
+    src_buf="hbm",
+    dst_buf=nl.sbuf,
+    **kw,
+):
     def kernel(x):
-        src = nl.ndarray(src_shape, src_dtype, buffer=nl.shared_hbm if src_buf == "hbm" else src_buf)
+        src = nl.ndarray(
+            src_shape, src_dtype, buffer=nl.shared_hbm if src_buf == "hbm" else src_buf
+        )
         dst = nl.ndarray(dst_shape, dst_dtype or src_dtype, buffer=dst_buf)
         nisa.dma_transpose(dst=dst, src=src, **kw)
 
@@ -248,23 +277,55 @@ HW = nisa.dge_mode.hwdge
         (_transpose_kernel((16, 32), (32, 16)), "trn1", "target", None),
         (_transpose_kernel((16, 32), (32, 16), dst_buf=nl.shared_hbm), "trn2", "dst", None),
         (_transpose_kernel((16, 32), (32, 16), src_buf=nl.psum), "trn2", "src", None),
-        (_transpose_kernel((16, 32), (32, 16), dge_mode=nisa.dge_mode.swdge), "trn2", "dge_mode", None),
-        (_transpose_kernel((16, 32), (32, 16), oob_mode=nisa.oob_mode.skip), "trn2", "oob_mode", None),
+        (
+            _transpose_kernel((16, 32), (32, 16), dge_mode=nisa.dge_mode.swdge),
+            "trn2",
+            "dge_mode",
+            None,
+        ),
+        (
+            _transpose_kernel((16, 32), (32, 16), oob_mode=nisa.oob_mode.skip),
+            "trn2",
+            "oob_mode",
+            None,
+        ),
         (_transpose_kernel((16, 32), (32, 16), priority=0), "trn2", "priority", None),
         (_transpose_kernel((32,), (32,)), "trn2", "src rank", (2, 3, 4)),
         (_transpose_kernel((1, 1, 1, 1, 4), (4, 1, 1, 1, 1)), "trn2", "src rank", (2, 3, 4)),
         (_transpose_kernel((16, 32), (32, 16), axes=(0, 1)), "trn2", "axes", (1, 0)),
         (_transpose_kernel((2, 16, 32), (32, 32)), "trn2", "dst rank", None),
         (_transpose_kernel((16, 32), (16, 32)), "trn2", "dst shape", None),
-        (_transpose_kernel((16, 32), (32, 16), dst_dtype=nl.float16), "trn2", "dst dtype", "bfloat16"),
-        (_transpose_kernel((16, 32), (32, 16), src_dtype=nl.float8_e4m3), "trn2", "src dtype", (2, 4)),
-        (_transpose_kernel((16, 32), (32, 16), src_dtype=nl.float32, dge_mode=HW), "trn2", "src dtype",
-         (2,)),
+        (
+            _transpose_kernel((16, 32), (32, 16), dst_dtype=nl.float16),
+            "trn2",
+            "dst dtype",
+            "bfloat16",
+        ),
+        (
+            _transpose_kernel((16, 32), (32, 16), src_dtype=nl.float8_e4m3),
+            "trn2",
+            "src dtype",
+            (2, 4),
+        ),
+        (
+            _transpose_kernel((16, 32), (32, 16), src_dtype=nl.float32, dge_mode=HW),
+            "trn2",
+            "src dtype",
+            (2,),
+        ),
         (_transpose_kernel((8, 32), (32, 8), dge_mode=HW), "trn2", "src.shape[0]", 16),
-        (_transpose_kernel((3, 16, 32), (32, 16, 3), dge_mode=HW), "trn2", "src.shape[0]",
-         (1, 2, 4, 8, 16)),
-        (_transpose_kernel((2, 4, 32), (32, 4, 2), dge_mode=HW), "trn2", "src.shape[0] * src.shape[-2]",
-         16),
+        (
+            _transpose_kernel((3, 16, 32), (32, 16, 3), dge_mode=HW),
+            "trn2",
+            "src.shape[0]",
+            (1, 2, 4, 8, 16),
+        ),
+        (
+            _transpose_kernel((2, 4, 32), (32, 4, 2), dge_mode=HW),
+            "trn2",
+            "src.shape[0] * src.shape[-2]",
+            16,
+        ),
     ],
 )
 def test_dma_transpose_limits(kernel, target, arg, limit):
@@ -274,8 +335,12 @@ def test_dma_transpose_limits(kernel, target, arg, limit):
 
 def test_dma_transpose_destination_partitions_bound_src_last_dim():
     """src.shape[-1] <= 128: the transposed destination puts it on SBUF partitions."""
-    expect_error(_transpose_kernel((16, 256), (256, 16)), (X,), op="nl.ndarray",
-                 arg="partition dimension (shape[0])")
+    expect_error(
+        _transpose_kernel((16, 256), (256, 16)),
+        (X,),
+        op="nl.ndarray",
+        arg="partition dimension (shape[0])",
+    )
 
 
 def test_dma_without_compute_records_and_writes_nothing():

@@ -91,8 +91,9 @@ def test_packed_dtypes_are_named_but_not_simulated():
 def test_bf16_rounds_to_nearest_even(x):
     got = dtypes.convert(x, "bfloat16")
     assert got.dtype == np.dtype(ml_dtypes.bfloat16)
-    np.testing.assert_array_equal(got.view(np.uint16)[~np.isnan(x)],
-                                  bf16_reference(x).view(np.uint16)[~np.isnan(x)])
+    np.testing.assert_array_equal(
+        got.view(np.uint16)[~np.isnan(x)], bf16_reference(x).view(np.uint16)[~np.isnan(x)]
+    )
     assert np.isnan(got.astype(np.float32)[np.isnan(x)]).all()
 
 
@@ -163,16 +164,22 @@ def test_float8_e8m0fnu_stores_powers_of_two():
 @given(x=f32_arrays, name=st.sampled_from(["int8", "uint8", "int16", "uint16", "int32", "uint32"]))
 def test_float_to_int_rounds_half_even_and_saturates(x, name):
     info = np.iinfo(name)
-    want = np.clip(np.rint(np.nan_to_num(x.astype(np.float64), nan=0.0, posinf=np.inf,
-                                         neginf=-np.inf)), info.min, info.max).astype(name)
+    want = np.clip(
+        np.rint(np.nan_to_num(x.astype(np.float64), nan=0.0, posinf=np.inf, neginf=-np.inf)),
+        info.min,
+        info.max,
+    ).astype(name)
     np.testing.assert_array_equal(dtypes.convert(x, name), want)
 
 
 def test_float_to_int_examples():
     x = np.array([2.5, 3.5, -2.5, 1e10, -1e10, np.nan, np.inf, -0.5], np.float32)
-    np.testing.assert_array_equal(dtypes.convert(x, "int32"),
-                                  [2, 4, -2, 2**31 - 1, -(2**31), 0, 2**31 - 1, 0])
-    np.testing.assert_array_equal(dtypes.convert(np.float32([300, -1, 255.5]), "uint8"), [255, 0, 255])
+    np.testing.assert_array_equal(
+        dtypes.convert(x, "int32"), [2, 4, -2, 2**31 - 1, -(2**31), 0, 2**31 - 1, 0]
+    )
+    np.testing.assert_array_equal(
+        dtypes.convert(np.float32([300, -1, 255.5]), "uint8"), [255, 0, 255]
+    )
     np.testing.assert_array_equal(dtypes.convert(np.float32([200, -200]), "int8"), [127, -128])
 
 
@@ -242,8 +249,9 @@ def test_precise_fp_off_returns_the_declared_dtype():
     assert t_out.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("dtype, sentinel", [("float32", np.nan), ("bfloat16", np.nan),
-                                             ("int32", 4), ("uint8", 4)])
+@pytest.mark.parametrize(
+    "dtype, sentinel", [("float32", np.nan), ("bfloat16", np.nan), ("int32", 4), ("uint8", 4)]
+)
 def test_fresh_memory_holds_the_sentinel(dtype, sentinel):
     def kernel():
         t = nl.ndarray((2, 3), dtype, buffer=nl.sbuf)

@@ -118,10 +118,17 @@ def grid_kernel(x):
     pid1 = nl.program_id(1) if nl.program_ndim() == 2 else 0
     row = pid0 * (nl.num_programs(1) if nl.program_ndim() == 2 else 1) + pid1
     t = nl.ndarray((1, 5), nl.int32, buffer=nl.sbuf)
-    for j, v in enumerate((pid0, pid1, nl.num_programs(0), nl.program_ndim(),
-                           nl.num_programs((0, 1)) if nl.program_ndim() == 2 else -1)):
-        nisa.memset(dst=t[:, j:j + 1], value=int(v))
-    nisa.dma_copy(dst=out[row:row + 1, :], src=t)
+    for j, v in enumerate(
+        (
+            pid0,
+            pid1,
+            nl.num_programs(0),
+            nl.program_ndim(),
+            nl.num_programs((0, 1)) if nl.program_ndim() == 2 else -1,
+        )
+    ):
+        nisa.memset(dst=t[:, j : j + 1], value=int(v))
+    nisa.dma_copy(dst=out[row : row + 1, :], src=t)
     return out
 
 
@@ -144,7 +151,7 @@ def test_no_grid_spmd_queries():
         out = nl.ndarray((1, 3), nl.int32, buffer=nl.shared_hbm)
         t = nl.ndarray((1, 3), nl.int32, buffer=nl.sbuf)
         for j, v in enumerate((nl.program_id(0), nl.num_programs(), nl.program_ndim())):
-            nisa.memset(dst=t[:, j:j + 1], value=v)
+            nisa.memset(dst=t[:, j : j + 1], value=v)
         nisa.dma_copy(dst=out, src=t)
         return out
 
@@ -163,7 +170,7 @@ def test_grid_inputs_are_shared_hbm_and_private_hbm_is_per_program():
         nisa.dma_copy(dst=scratch, src=t)
         out = nl.ndarray((2, 1), nl.float32, buffer=nl.shared_hbm)
         nisa.dma_copy(dst=t, src=scratch)
-        nisa.dma_copy(dst=out[nl.program_id(0):nl.program_id(0) + 1, :], src=t)
+        nisa.dma_copy(dst=out[nl.program_id(0) : nl.program_id(0) + 1, :], src=t)
         return out
 
     np.testing.assert_array_equal(kernel[2](np.zeros((1, 1), np.float32)), [[1.0], [2.0]])
@@ -214,8 +221,13 @@ def test_tuple_and_scalar_arguments_pass_through():
         got.update(shape=shape, scale=scale, flag=flag, dtype=dtype, buffer=x.buffer)
 
     run(kernel, (np.zeros((1, 1), np.float32), (2, 3), 0.5, True, nl.bfloat16))
-    assert got == {"shape": (2, 3), "scale": 0.5, "flag": True, "dtype": "bfloat16",
-                   "buffer": nl.private_hbm}
+    assert got == {
+        "shape": (2, 3),
+        "scale": 0.5,
+        "flag": True,
+        "dtype": "bfloat16",
+        "buffer": nl.private_hbm,
+    }
 
 
 def kw_only(x, *, scale=1.0):
@@ -231,8 +243,9 @@ def uses_is_not(x):
     return None if x is not None else None
 
 
-@pytest.mark.parametrize("fn, why", [(kw_only, "keyword-only separator"), (uses_is, "'is'"),
-                                     (uses_is_not, "'is'")])
+@pytest.mark.parametrize(
+    "fn, why", [(kw_only, "keyword-only separator"), (uses_is, "'is'"), (uses_is_not, "'is'")]
+)
 def test_rejected_python(fn, why):
     with pytest.raises(NkiValidationError) as info:
         run(fn, (np.zeros((1, 1), np.float32),))
@@ -288,7 +301,8 @@ def test_compute_false_keeps_trace_checks_and_memory_but_no_values():
     traced = run(add_into, (x, acc), compute=False)
     np.testing.assert_array_equal(acc, acc_before)  # no write-back of meaningless values
     assert [(i.api, i.engine, i.reads, i.writes, i.attrs) for i in traced.trace] == [
-        (i.api, i.engine, i.reads, i.writes, i.attrs) for i in full.trace]
+        (i.api, i.engine, i.reads, i.writes, i.attrs) for i in full.trace
+    ]
     assert traced.memory == full.memory
     out = run(double, (x,), compute=False).outputs
     assert out.shape == x.shape and out.dtype == x.dtype and not out.any()
@@ -304,13 +318,22 @@ def test_compute_false_keeps_trace_checks_and_memory_but_no_values():
 def test_only_cpu_torch_tensors():
     with pytest.raises(NkiValidationError) as info:
         nki.simulate(double)(torch.zeros(2, 2, device="meta"))
-    assert (info.value.op, info.value.arg, info.value.value) == ("nki.simulate", "argument 'x'", "meta")
+    assert (info.value.op, info.value.arg, info.value.value) == (
+        "nki.simulate",
+        "argument 'x'",
+        "meta",
+    )
 
 
-@pytest.mark.parametrize("call, arg", [(lambda: nl.program_id(3), "axis"),
-                                        (lambda: nl.num_programs(1), "axes"),
-                                        (lambda: nl.num_programs((0, 2)), "axes"),
-                                        (lambda: nl.fori_loop(0, 4, lambda i: None, step=0), "step")])
+@pytest.mark.parametrize(
+    "call, arg",
+    [
+        (lambda: nl.program_id(3), "axis"),
+        (lambda: nl.num_programs(1), "axes"),
+        (lambda: nl.num_programs((0, 2)), "axes"),
+        (lambda: nl.fori_loop(0, 4, lambda i: None, step=0), "step"),
+    ],
+)
 def test_spmd_and_loop_argument_rules(call, arg):
     def kernel(x):
         call()

@@ -497,7 +497,9 @@ def test_reductions(shape, fn, k, keepdims, dts, negative_axes, seed):
     # ulp whenever the fp32 value and the exact one straddle a rounding midpoint.)
     inexact = np.broadcast_to(np.asarray(err) != 0, want.shape)
     assert_close(
-        out, np.where(inexact, want, round_to(want, dst)), err + HALF_ULP[dst] * np.abs(want) * inexact
+        out,
+        np.where(inexact, want, round_to(want, dst)),
+        err + HALF_ULP[dst] * np.abs(want) * inexact,
     )
 
 

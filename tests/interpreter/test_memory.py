@@ -49,7 +49,11 @@ def test_sbuf_overflow_names_live_bytes_limit_and_where():
         run(live_tiles(3, 20000), (OUT,), target="trn2")
     err = info.value
     assert (err.op, err.arg, err.value, err.limit) == (
-        "nki.simulate", "live SBUF bytes per partition", 240000, 212984)
+        "nki.simulate",
+        "live SBUF bytes per partition",
+        240000,
+        212984,
+    )
     msg = str(err)
     assert "must be <= 212984" in msg and "got 240000" in msg
     assert "peak at instruction #2 (nisa.memset) with 3 live tiles" in msg  # the third memset

@@ -266,19 +266,66 @@ TENSOR["__init__"] = "shape, dtype, storage, buffer=sbuf, name=''"
 
 # Names the stubs define that are not functions: classes, enums, constants.
 ISA_OTHER = [
-    "tensor_engine", "vector_engine", "scalar_engine", "gpsimd_engine", "unknown_engine", "engine",
-    "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine",
-    "NkiInstruction", "NkiValidationError", "VirtualRegister",
+    "tensor_engine",
+    "vector_engine",
+    "scalar_engine",
+    "gpsimd_engine",
+    "unknown_engine",
+    "engine",
+    "reduce_cmd",
+    "dge_mode",
+    "oob_mode",
+    "matmul_perf_mode",
+    "nc_version",
+    "dma_engine",
+    "NkiInstruction",
+    "NkiValidationError",
+    "VirtualRegister",
 ]
 LANGUAGE_OTHER = [
-    "DType", "bool_", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float16", "float32",
-    "bfloat16", "tfloat32", "float8_e4m3", "float8_e4m3fn", "float8_e5m2", "float8_e5m2_x4",
-    "float8_e4m3fn_x4", "float8_e8m0fnu", "float4_e2m1fn_x4", "sbuf", "psum", "hbm", "private_hbm",
-    "shared_hbm", "tile_size", "average", "prelu", "bypass", "MemoryRegion", "NKIObject", "NkiTensor",
+    "DType",
+    "bool_",
+    "int8",
+    "int16",
+    "int32",
+    "uint8",
+    "uint16",
+    "uint32",
+    "float16",
+    "float32",
+    "bfloat16",
+    "tfloat32",
+    "float8_e4m3",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e5m2_x4",
+    "float8_e4m3fn_x4",
+    "float8_e8m0fnu",
+    "float4_e2m1fn_x4",
+    "sbuf",
+    "psum",
+    "hbm",
+    "private_hbm",
+    "shared_hbm",
+    "tile_size",
+    "average",
+    "prelu",
+    "bypass",
+    "MemoryRegion",
+    "NKIObject",
+    "NkiTensor",
 ]
 
 ENUMS = {  # member values of the stub enums
-    "engine": {"tensor": 1, "vector": 5, "scalar": 2, "gpsimd": 3, "dma": 4, "sync": 6, "unknown": 0},
+    "engine": {
+        "tensor": 1,
+        "vector": 5,
+        "scalar": 2,
+        "gpsimd": 3,
+        "dma": 4,
+        "sync": 6,
+        "unknown": 0,
+    },
     "reduce_cmd": {"idle": 0, "reset": 1, "reduce": 2, "reset_reduce": 3, "load_reduce": 4},
     "dge_mode": {"unknown": 0, "swdge": 1, "hwdge": 2, "none": 3},
     "oob_mode": {"error": 0, "skip": 1},
@@ -289,7 +336,10 @@ ENUMS = {  # member values of the stub enums
 
 DEFAULT_NAMES = {
     **{name: getattr(nisa, name) for name in ENUMS},
-    "sbuf": nl.sbuf, "uint8": nl.uint8, "equal": nl.equal, "maximum": nl.maximum,
+    "sbuf": nl.sbuf,
+    "uint8": nl.uint8,
+    "equal": nl.equal,
+    "maximum": nl.maximum,
 }
 
 
@@ -300,8 +350,14 @@ def _expected(sig: str):
     defaults = [None] * (len(pos) - len(args.defaults)) + list(args.defaults)
     out = []
     for a, d in zip(pos, defaults):
-        out.append((a.arg, inspect.Parameter.empty if d is None else
-                    eval(compile(ast.Expression(d), "<stub>", "eval"), dict(DEFAULT_NAMES))))
+        out.append(
+            (
+                a.arg,
+                inspect.Parameter.empty
+                if d is None
+                else eval(compile(ast.Expression(d), "<stub>", "eval"), dict(DEFAULT_NAMES)),
+            )
+        )
     if args.vararg:
         out.append(("*" + args.vararg.arg, inspect.Parameter.empty))
     if args.kwarg:
@@ -325,8 +381,12 @@ def _same_default(got, want) -> bool:
     return got is want or (type(got) is type(want) and got == want)
 
 
-CASES = ([("nisa", n, s) for n, s in ISA.items()] + [("nl", n, s) for n, s in LANGUAGE.items()]
-         + [("nki", n, s) for n, s in NKI.items()] + [("NkiTensor", n, s) for n, s in TENSOR.items()])
+CASES = (
+    [("nisa", n, s) for n, s in ISA.items()]
+    + [("nl", n, s) for n, s in LANGUAGE.items()]
+    + [("nki", n, s) for n, s in NKI.items()]
+    + [("NkiTensor", n, s) for n, s in TENSOR.items()]
+)
 MODULES = {"nisa": nisa, "nl": nl, "nki": nki, "NkiTensor": nl.NkiTensor}
 
 
@@ -386,17 +446,31 @@ def test_language_classes_and_constants(name):
         assert obj is nl.private_hbm  # alias
     elif name == "MemoryRegion":
         assert {m.name: m.value for m in obj} == {
-            "sbuf": "sbuf", "psum": "psum", "private_hbm": "private_hbm", "shared_hbm": "shared_hbm"}
+            "sbuf": "sbuf",
+            "psum": "psum",
+            "private_hbm": "private_hbm",
+            "shared_hbm": "shared_hbm",
+        }
     elif name in ("NKIObject", "NkiTensor"):
         assert isinstance(obj, type) and issubclass(nl.NkiTensor, nl.NKIObject)
     elif name in ("average", "prelu", "bypass"):
         assert isinstance(obj, Operator) and obj.name == name
     elif name == "tile_size":
-        for attr, want in {"pmax": 128, "psum_fmax": 512, "psum_bank_fmax": 512,
-                           "psum_bank_fmax_bytes": 2048, "gemm_stationary_fmax": 128,
-                           "gemm_moving_fmax": 512, "bn_stats_fmax": 512, "psum_num_banks": 8,
-                           "sbuf_fmax_bytes": 212984, "total_available_sbuf_size": 212984,
-                           "sbuf_fmax": 53246, "psum_min_align": 4, "sbuf_min_align": 1}.items():
+        for attr, want in {
+            "pmax": 128,
+            "psum_fmax": 512,
+            "psum_bank_fmax": 512,
+            "psum_bank_fmax_bytes": 2048,
+            "gemm_stationary_fmax": 128,
+            "gemm_moving_fmax": 512,
+            "bn_stats_fmax": 512,
+            "psum_num_banks": 8,
+            "sbuf_fmax_bytes": 212984,
+            "total_available_sbuf_size": 212984,
+            "sbuf_fmax": 53246,
+            "psum_min_align": 4,
+            "sbuf_min_align": 1,
+        }.items():
             assert getattr(obj, attr) == want, attr  # trn2, the default target
         assert obj.sbuf_size_bytes > 0
     else:  # a dtype: DType = str, the value is its own name
@@ -406,6 +480,6 @@ def test_language_classes_and_constants(name):
 def test_unknown_names_raise_not_implemented_naming_them():
     for mod, qual in ((nisa, "nki.isa"), (nl, "nki.language"), (nki, "nki")):
         with pytest.raises(NotImplementedError, match=f"{qual}.no_such_api") as info:
-            mod.no_such_api
+            mod.no_such_api  # noqa: B018 (the attribute access is what raises)
         assert "nor is it an NKI 0.6 API" in str(info.value)
         assert not hasattr(mod, "no_such_api")  # also an AttributeError, for hasattr()

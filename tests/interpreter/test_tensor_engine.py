@@ -23,8 +23,11 @@ from neuron_kernels.interpreter import NkiValidationError, dtypes, nki, run
 nl, nisa = nki.language, nki.isa
 
 NP = {
-    "float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16,
-    "float8_e4m3": ml_dtypes.float8_e4m3, "float8_e5m2": ml_dtypes.float8_e5m2,
+    "float32": np.float32,
+    "bfloat16": ml_dtypes.bfloat16,
+    "float16": np.float16,
+    "float8_e4m3": ml_dtypes.float8_e4m3,
+    "float8_e5m2": ml_dtypes.float8_e5m2,
     "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
 }
 
@@ -62,7 +65,7 @@ def matmul_kernel(dst_dtype="float32", **kw):
         sb = nl.ndarray(shape, dst_dtype, buffer=nl.sbuf)
         for c in range(0, shape[1], 2048):  # engines read at most 4K elements from PSUM
             w = min(2048, shape[1] - c)
-            nisa.tensor_copy(dst=sb[:, c:c + w], src=ps[:, c:c + w])
+            nisa.tensor_copy(dst=sb[:, c : c + w], src=ps[:, c : c + w])
         out = nl.ndarray(shape, dst_dtype, buffer=nl.shared_hbm)
         nisa.dma_copy(dst=out, src=sb)
         return out
@@ -70,13 +73,24 @@ def matmul_kernel(dst_dtype="float32", **kw):
     return kernel
 
 
-PAIRS = [("float32", "float32"), ("bfloat16", "bfloat16"), ("float16", "bfloat16"),
-         ("float8_e4m3", "bfloat16"), ("float8_e5m2", "float8_e4m3"), ("float16", "float16")]
+PAIRS = [
+    ("float32", "float32"),
+    ("bfloat16", "bfloat16"),
+    ("float16", "bfloat16"),
+    ("float8_e4m3", "bfloat16"),
+    ("float8_e5m2", "float8_e4m3"),
+    ("float16", "float16"),
+]
 
 
 @settings(max_examples=25, deadline=None)
-@given(k=st.integers(1, 128), m=st.integers(1, 128), n=st.integers(1, 512),
-       pair=st.sampled_from(PAIRS), seed=st.integers(0, 2**16))
+@given(
+    k=st.integers(1, 128),
+    m=st.integers(1, 128),
+    n=st.integers(1, 512),
+    pair=st.sampled_from(PAIRS),
+    seed=st.integers(0, 2**16),
+)
 def test_matmul_matches_float64(k, m, n, pair, seed):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((k, m)).astype(np.float32)
@@ -115,7 +129,9 @@ def test_multi_free_dim_operands_are_flattened():
     b = rng.standard_normal((32, 2, 3, 5)).astype(np.float32)
     out = run(matmul_kernel(), (a, b)).outputs
     assert out.shape == (32, 30)
-    assert_matmul_close(out, a.reshape(32, 32).astype(np.float64), b.reshape(32, 30).astype(np.float64))
+    assert_matmul_close(
+        out, a.reshape(32, 32).astype(np.float64), b.reshape(32, 30).astype(np.float64)
+    )
 
 
 # -- PSUM accumulation ----------------------------------------------------------------------
@@ -134,13 +150,13 @@ def k_loop_kernel(accumulate_of, k_tiles, reuse_psum=False, n_out=1):
             for k in range(k_tiles):
                 s = nl.ndarray((128, M), a.dtype, buffer=nl.sbuf)
                 mv = nl.ndarray((128, N), b.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=s, src=a[k * 128:(k + 1) * 128, :])
-                nisa.dma_copy(dst=mv, src=b[k * 128:(k + 1) * 128, j * N:(j + 1) * N])
+                nisa.dma_copy(dst=s, src=a[k * 128 : (k + 1) * 128, :])
+                nisa.dma_copy(dst=mv, src=b[k * 128 : (k + 1) * 128, j * N : (j + 1) * N])
                 kw = {} if accumulate_of == None else {"accumulate": accumulate_of(k)}  # noqa: E711
                 nisa.nc_matmul(dst=ps, stationary=s, moving=mv, **kw)
             sb = nl.ndarray((M, N), nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=sb, src=ps)
-            nisa.dma_copy(dst=out[:, j * N:(j + 1) * N], src=sb)
+            nisa.dma_copy(dst=out[:, j * N : (j + 1) * N], src=sb)
         return out
 
     return kernel
@@ -149,8 +165,10 @@ def k_loop_kernel(accumulate_of, k_tiles, reuse_psum=False, n_out=1):
 @pytest.fixture
 def ab512():
     rng = np.random.default_rng(7)
-    return (rng.standard_normal((512, 64)).astype(np.float32),
-            rng.standard_normal((512, 256)).astype(np.float32))
+    return (
+        rng.standard_normal((512, 64)).astype(np.float32),
+        rng.standard_normal((512, 256)).astype(np.float32),
+    )
 
 
 @pytest.mark.parametrize("accumulate_of", [lambda k: k > 0, None], ids=["explicit", "inferred"])
@@ -169,13 +187,14 @@ def test_accumulate_false_overwrites(ab512):
 
 
 def test_inferred_accumulate_continues_on_a_reused_psum_tile(ab512):
-    """"First write overwrites, subsequent writes accumulate": a PSUM tile reused for a second
+    """ "First write overwrites, subsequent writes accumulate": a PSUM tile reused for a second
     output tile keeps accumulating; accumulate=(k > 0) restarts it."""
     a, b = ab512
     out = run(k_loop_kernel(None, 4, reuse_psum=True, n_out=2), (a, b)).outputs
     first = a.T.astype(np.float64) @ b[:, :128]
-    np.testing.assert_allclose(out[:, 128:], first + a.T.astype(np.float64) @ b[:, 128:], rtol=1e-4,
-                               atol=1e-3)
+    np.testing.assert_allclose(
+        out[:, 128:], first + a.T.astype(np.float64) @ b[:, 128:], rtol=1e-4, atol=1e-3
+    )
     out = run(k_loop_kernel(lambda k: k > 0, 4, reuse_psum=True, n_out=2), (a, b)).outputs
     assert_matmul_close(out[:, 128:], a.astype(np.float64), b[:, 128:].astype(np.float64), tiles=4)
 
@@ -207,7 +226,9 @@ def test_accumulation_state_is_per_element():
     want[:, 64:96] = 8  # memset only (value-written): the second starts a new group on trn2
     np.testing.assert_array_equal(r.outputs, want)
     assert [i.attrs.get("accumulate") for i in r.trace if i.api == "nisa.nc_matmul"] == [
-        "overwrite", "mixed"]
+        "overwrite",
+        "mixed",
+    ]
 
 
 def _init_then_matmul(init, accumulate):
@@ -253,8 +274,12 @@ def test_accumulate_after_value_initialisation(target, init, accumulate, want):
 
 @pytest.mark.parametrize(
     "target, init, why",
-    [("trn2", None, "never written"), ("trn3", None, "never written"),
-     ("trn2", "memset", "non-matmul"), ("trn1", "memset", "non-matmul")],
+    [
+        ("trn2", None, "never written"),
+        ("trn3", None, "never written"),
+        ("trn2", "memset", "non-matmul"),
+        ("trn1", "memset", "non-matmul"),
+    ],
 )
 @pytest.mark.parametrize("compute", [True, False])
 def test_accumulate_true_needs_a_matmul_initialised_location(target, init, why, compute):
@@ -275,28 +300,39 @@ def test_trn3_wide_moving_tiles(dst_dtype, n):
     b = rng.standard_normal((128, n)).astype(ml_dtypes.bfloat16)
     out = run(matmul_kernel(dst_dtype), (a, b), target="trn3").outputs
     assert out.dtype == np.dtype(NP[dst_dtype])
-    assert_matmul_close(out.astype(np.float32), a.astype(np.float64), b.astype(np.float64),
-                        bf16_dst=dst_dtype == "bfloat16")
+    assert_matmul_close(
+        out.astype(np.float32),
+        a.astype(np.float64),
+        b.astype(np.float64),
+        bf16_dst=dst_dtype == "bfloat16",
+    )
 
 
 def test_double_row_fp8_contracts_256():
     rng = np.random.default_rng(9)
     a = rng.standard_normal((128, 2, 24)).astype(ml_dtypes.float8_e4m3)
     b = rng.standard_normal((128, 2, 40)).astype(ml_dtypes.float8_e5m2)
-    out = run(matmul_kernel(perf_mode=nisa.matmul_perf_mode.double_row), (a, b), target="trn2").outputs
-    assert_matmul_close(out, a.astype(np.float64).reshape(256, 24), b.astype(np.float64).reshape(256, 40))
+    out = run(
+        matmul_kernel(perf_mode=nisa.matmul_perf_mode.double_row), (a, b), target="trn2"
+    ).outputs
+    assert_matmul_close(
+        out, a.astype(np.float64).reshape(256, 24), b.astype(np.float64).reshape(256, 40)
+    )
 
 
 def test_tiling_mode_computes_the_same_product():
     rng = np.random.default_rng(10)
     a = rng.standard_normal((32, 64)).astype(np.float32)
     b = rng.standard_normal((32, 100)).astype(np.float32)
-    out = run(matmul_kernel(tile_position=(32, 64), tile_size=(32, 64)), (a, b), target="trn2").outputs
+    out = run(
+        matmul_kernel(tile_position=(32, 64), tile_size=(32, 64)), (a, b), target="trn2"
+    ).outputs
     assert_matmul_close(out, a.astype(np.float64), b.astype(np.float64))
 
 
-def transpose_kernel(in_dtype, dst_dtype, *, via="matmul", moving="identity", engine=None,
-                     target_dst=nl.psum):
+def transpose_kernel(
+    in_dtype, dst_dtype, *, via="matmul", moving="identity", engine=None, target_dst=nl.psum
+):
     def kernel(x, eye):
         p, f = x.shape
         t = nl.ndarray((p, f), in_dtype, buffer=nl.sbuf)
@@ -382,8 +418,14 @@ def test_vector_engine_transpose_32x32_on_psum():
 # -- limits ----------------------------------------------------------------------------------
 
 
-def op_kernel(*, s=((128, 128), "float32", nl.sbuf), m=((128, 512), "float32", nl.sbuf),
-              d=((128, 512), "float32", nl.psum), d_view=None, **kw):
+def op_kernel(
+    *,
+    s=((128, 128), "float32", nl.sbuf),
+    m=((128, 512), "float32", nl.sbuf),
+    d=((128, 512), "float32", nl.psum),
+    d_view=None,
+    **kw,
+):
     def kernel():
         st_ = nl.ndarray(s[0], s[1], buffer=s[2])
         mv = nl.ndarray(m[0], m[1], buffer=m[2])
@@ -391,8 +433,12 @@ def op_kernel(*, s=((128, 128), "float32", nl.sbuf), m=((128, 512), "float32", n
         for t in (st_, mv):
             if t.buffer == nl.sbuf:
                 nisa.memset(dst=t, value=0 if t.dtype == "int8" else 0.0)
-        nisa.nc_matmul(dst=dst if d_view == None else d_view(dst), stationary=st_, moving=mv,  # noqa: E711
-                       **kw)
+        nisa.nc_matmul(
+            dst=dst if d_view == None else d_view(dst),  # noqa: E711 (kernels may not use `is`)
+            stationary=st_,
+            moving=mv,
+            **kw,
+        )
 
     return kernel
 
@@ -412,51 +458,172 @@ DR = {"perf_mode": nisa.matmul_perf_mode.double_row}
         ("trn2", op_kernel(s=((128, 129), "float32", nl.sbuf)), "stationary free size", 128),
         ("trn2", op_kernel(m=((128, 513), "float32", nl.sbuf)), "moving free size", 512),
         ("trn3", op_kernel(m=((128, 4097), "float32", nl.sbuf)), "moving free size", 4096),
-        ("trn3", op_kernel(m=((128, 8193), BF, nl.sbuf), s=((128, 128), BF, nl.sbuf),
-                           d=((128, 512), BF, nl.psum)), "moving free size", 8192),
+        (
+            "trn3",
+            op_kernel(
+                m=((128, 8193), BF, nl.sbuf),
+                s=((128, 128), BF, nl.sbuf),
+                d=((128, 512), BF, nl.psum),
+            ),
+            "moving free size",
+            8192,
+        ),
         ("trn2", op_kernel(s=((128, 128), "int8", nl.sbuf)), "stationary dtype", V3_IN),
-        ("trn2", op_kernel(s=((128, 128), F8FN, nl.sbuf), m=((128, 512), F8FN, nl.sbuf)),
-         "stationary dtype", V3_IN),
+        (
+            "trn2",
+            op_kernel(s=((128, 128), F8FN, nl.sbuf), m=((128, 512), F8FN, nl.sbuf)),
+            "stationary dtype",
+            V3_IN,
+        ),
         ("trn2", op_kernel(m=((128, 512), BF, nl.sbuf)), "moving dtype", None),
-        ("trn3", op_kernel(s=((128, 128), F8, nl.sbuf), m=((128, 512), F8FN, nl.sbuf)), "moving dtype",
-         None),
+        (
+            "trn3",
+            op_kernel(s=((128, 128), F8, nl.sbuf), m=((128, 512), F8FN, nl.sbuf)),
+            "moving dtype",
+            None,
+        ),
         ("trn2", op_kernel(d=((128, 512), BF, nl.psum)), "dst dtype", ["float32"]),
-        ("trn3", op_kernel(d=((128, 512), "float16", nl.psum)), "dst dtype", ["float32", "bfloat16"]),
+        (
+            "trn3",
+            op_kernel(d=((128, 512), "float16", nl.psum)),
+            "dst dtype",
+            ["float32", "bfloat16"],
+        ),
         ("trn2", op_kernel(d=((64, 512), "float32", nl.psum)), "dst partition dimension", 128),
         ("trn2", op_kernel(d=((128, 256), "float32", nl.psum)), "dst elements per partition", 512),
-        ("trn2", op_kernel(d=((128, 1024), "float32", nl.psum), d_view=lambda t: t[:, 256:768]), "dst",
-         2048),
+        (
+            "trn2",
+            op_kernel(d=((128, 1024), "float32", nl.psum), d_view=lambda t: t[:, 256:768]),
+            "dst",
+            2048,
+        ),
         ("trn2", op_kernel(accumulate=1), "accumulate", None),
         ("trn2", op_kernel(is_transpose=0), "is_transpose", None),
         ("trn2", op_kernel(perf_mode="double_row"), "perf_mode", None),
-        ("trn1", op_kernel(s=((128, 2, 8), F8, nl.sbuf), m=((128, 2, 8), F8, nl.sbuf),
-                           d=((8, 8), "float32", nl.psum), **DR), "perf_mode", None),
-        ("trn2", op_kernel(s=((128, 2, 8), BF, nl.sbuf), m=((128, 2, 8), BF, nl.sbuf),
-                           d=((8, 8), "float32", nl.psum), **DR), "perf_mode", None),
-        ("trn2", op_kernel(s=((128, 4, 8), F8, nl.sbuf), m=((128, 2, 8), F8, nl.sbuf),
-                           d=((8, 8), "float32", nl.psum), **DR), "stationary shape", None),
-        ("trn2", op_kernel(s=((128, 2, 8), F8, nl.sbuf), m=((128, 2, 8), F8, nl.sbuf),
-                           d=((8, 8), "float32", nl.psum), is_transpose=True, **DR), "perf_mode", None),
-        ("trn2", op_kernel(s=((64, 2, 8), F8, nl.sbuf), m=((64, 2, 8), F8, nl.sbuf),
-                           d=((8, 8), "float32", nl.psum), tile_position=(0, 0), tile_size=(64, 64), **DR),
-         "tile_size", None),
+        (
+            "trn1",
+            op_kernel(
+                s=((128, 2, 8), F8, nl.sbuf),
+                m=((128, 2, 8), F8, nl.sbuf),
+                d=((8, 8), "float32", nl.psum),
+                **DR,
+            ),
+            "perf_mode",
+            None,
+        ),
+        (
+            "trn2",
+            op_kernel(
+                s=((128, 2, 8), BF, nl.sbuf),
+                m=((128, 2, 8), BF, nl.sbuf),
+                d=((8, 8), "float32", nl.psum),
+                **DR,
+            ),
+            "perf_mode",
+            None,
+        ),
+        (
+            "trn2",
+            op_kernel(
+                s=((128, 4, 8), F8, nl.sbuf),
+                m=((128, 2, 8), F8, nl.sbuf),
+                d=((8, 8), "float32", nl.psum),
+                **DR,
+            ),
+            "stationary shape",
+            None,
+        ),
+        (
+            "trn2",
+            op_kernel(
+                s=((128, 2, 8), F8, nl.sbuf),
+                m=((128, 2, 8), F8, nl.sbuf),
+                d=((8, 8), "float32", nl.psum),
+                is_transpose=True,
+                **DR,
+            ),
+            "perf_mode",
+            None,
+        ),
+        (
+            "trn2",
+            op_kernel(
+                s=((64, 2, 8), F8, nl.sbuf),
+                m=((64, 2, 8), F8, nl.sbuf),
+                d=((8, 8), "float32", nl.psum),
+                tile_position=(0, 0),
+                tile_size=(64, 64),
+                **DR,
+            ),
+            "tile_size",
+            None,
+        ),
         ("trn2", op_kernel(tile_size=(128, 128)), "tile_position/tile_size", None),
-        ("trn1", op_kernel(s=((32, 32), "float32", nl.sbuf), m=((32, 512), "float32", nl.sbuf),
-                           d=((32, 512), "float32", nl.psum), tile_position=(0, 0), tile_size=(32, 32)),
-         "tile_size row_size", (64, 128)),
-        ("trn2", op_kernel(s=((32, 32), "float32", nl.sbuf), m=((32, 512), "float32", nl.sbuf),
-                           d=((32, 512), "float32", nl.psum), tile_position=(16, 0), tile_size=(32, 32)),
-         "tile_position start_row", 32),
-        ("trn2", op_kernel(s=((32, 32), "float32", nl.sbuf), m=((32, 512), "float32", nl.sbuf),
-                           d=((32, 512), "float32", nl.psum), tile_position=(0, 32), tile_size=(32, 64)),
-         "tile_position start_column", 64),
-        ("trn2", op_kernel(tile_position=(0, 0), tile_size=(64, 128)), "stationary partition dimension", 64),
-        ("trn2", op_kernel(s=((64, 128), "float32", nl.sbuf), m=((64, 512), "float32", nl.sbuf),
-                           tile_position=(0, 0), tile_size=(64, 64)), "stationary free size", 64),
+        (
+            "trn1",
+            op_kernel(
+                s=((32, 32), "float32", nl.sbuf),
+                m=((32, 512), "float32", nl.sbuf),
+                d=((32, 512), "float32", nl.psum),
+                tile_position=(0, 0),
+                tile_size=(32, 32),
+            ),
+            "tile_size row_size",
+            (64, 128),
+        ),
+        (
+            "trn2",
+            op_kernel(
+                s=((32, 32), "float32", nl.sbuf),
+                m=((32, 512), "float32", nl.sbuf),
+                d=((32, 512), "float32", nl.psum),
+                tile_position=(16, 0),
+                tile_size=(32, 32),
+            ),
+            "tile_position start_row",
+            32,
+        ),
+        (
+            "trn2",
+            op_kernel(
+                s=((32, 32), "float32", nl.sbuf),
+                m=((32, 512), "float32", nl.sbuf),
+                d=((32, 512), "float32", nl.psum),
+                tile_position=(0, 32),
+                tile_size=(32, 64),
+            ),
+            "tile_position start_column",
+            64,
+        ),
+        (
+            "trn2",
+            op_kernel(tile_position=(0, 0), tile_size=(64, 128)),
+            "stationary partition dimension",
+            64,
+        ),
+        (
+            "trn2",
+            op_kernel(
+                s=((64, 128), "float32", nl.sbuf),
+                m=((64, 512), "float32", nl.sbuf),
+                tile_position=(0, 0),
+                tile_size=(64, 64),
+            ),
+            "stationary free size",
+            64,
+        ),
         ("trn2", op_kernel(is_transpose=True), "moving free size", 128),
-        ("trn2", op_kernel(s=((128, 128), BF, nl.sbuf), m=((128, 128), BF, nl.sbuf),
-                           d=((128, 128), "float16", nl.psum), is_transpose=True), "dst dtype",
-         ["float32", "bfloat16 (transpose mode)"]),
+        (
+            "trn2",
+            op_kernel(
+                s=((128, 128), BF, nl.sbuf),
+                m=((128, 128), BF, nl.sbuf),
+                d=((128, 128), "float16", nl.psum),
+                is_transpose=True,
+            ),
+            "dst dtype",
+            ["float32", "bfloat16 (transpose mode)"],
+        ),
     ],
 )
 def test_nc_matmul_limits(target, kernel, arg, limit):
@@ -495,7 +662,9 @@ def test_engine_operand_access_pattern_limits():
         t = nl.ndarray((8, 2, 3, 4, 5, 6), nl.float32, buffer=nl.sbuf)
         ps = nl.ndarray((8, 8), nl.float32, buffer=nl.psum)
         # Free dims (2, 2, 3, 4, 5) with strides (360, 120, 30, 6, 1): none merge, 5 > 4.
-        nisa.nc_matmul(dst=ps, stationary=t[:, :, 0:2, 0:3, 0:4, 0:5], moving=t[:, 0, 0, 0, 0:2, 0:4])
+        nisa.nc_matmul(
+            dst=ps, stationary=t[:, :, 0:2, 0:3, 0:4, 0:5], moving=t[:, 0, 0, 0, 0:2, 0:4]
+        )
 
     with pytest.raises(NkiValidationError) as info:
         run(too_many_dims)
@@ -504,7 +673,7 @@ def test_engine_operand_access_pattern_limits():
     def huge_stride():
         t = nl.ndarray((2, 80001), nl.float8_e4m3, buffer=nl.sbuf)
         ps = nl.ndarray((3, 4), nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps, stationary=t[:, 0:40000 * 2 + 1:40000], moving=t[:, 0:4])
+        nisa.nc_matmul(dst=ps, stationary=t[:, 0 : 40000 * 2 + 1 : 40000], moving=t[:, 0:4])
 
     with pytest.raises(NkiValidationError) as info:
         run(huge_stride)
@@ -522,7 +691,10 @@ def test_trn1_start_partition_rule():
     with pytest.raises(NkiValidationError) as info:
         run(kernel, target="trn1")
     assert (info.value.arg, info.value.value, info.value.limit) == (
-        "stationary start partition", 16, (0, 32, 64, 96))
+        "stationary start partition",
+        16,
+        (0, 32, 64, 96),
+    )
 
 
 def tp_kernel(d_shape, d_dtype="float32", d_buf=nl.psum, data=((64, 64), "float32"), **kw):
@@ -577,8 +749,10 @@ def test_matmul_without_compute_keeps_state_and_trace(ab512):
 
 @pytest.mark.parametrize(
     "kw, arg",
-    [({"tile_position": (0, 0), "tile_size": (128,)}, "tile_size/tile_position"),
-     ({"tile_position": (0, 0.0), "tile_size": (128, 128)}, "tile_position")],
+    [
+        ({"tile_position": (0, 0), "tile_size": (128,)}, "tile_size/tile_position"),
+        ({"tile_position": (0, 0.0), "tile_size": (128, 128)}, "tile_position"),
+    ],
 )
 def test_tiling_argument_types(kw, arg):
     with pytest.raises(NkiValidationError) as info:
@@ -588,8 +762,14 @@ def test_tiling_argument_types(kw, arg):
 
 def test_psum_dst_reinterpreted_and_engine_free_size_from_psum():
     with pytest.raises(NkiValidationError) as info:  # bf16 dst is fine on trn3, a bf16 view not
-        run(op_kernel(m=((128, 256), "float32", nl.sbuf), d=((128, 256), "float32", nl.psum),
-                      d_view=lambda t: t.view(nl.bfloat16)[:, 0:256]), target="trn3")
+        run(
+            op_kernel(
+                m=((128, 256), "float32", nl.sbuf),
+                d=((128, 256), "float32", nl.psum),
+                d_view=lambda t: t.view(nl.bfloat16)[:, 0:256],
+            ),
+            target="trn3",
+        )
     assert (info.value.arg, info.value.value) == ("dst", "bfloat16")
     assert "reinterpret" in str(info.value)
 

@@ -34,8 +34,15 @@ def view_of(array, where, make_view, *, target="trn2", precise_fp=None):
         else:
             t = x
         v = make_view(t)
-        seen.update(shape=v.shape, strides=v.strides, offset=v.offset, dtype=v.dtype,
-                    pattern=v.get_pattern(), contiguous=v.is_contiguous(), ndim=v.ndim)
+        seen.update(
+            shape=v.shape,
+            strides=v.strides,
+            offset=v.offset,
+            dtype=v.dtype,
+            pattern=v.get_pattern(),
+            contiguous=v.is_contiguous(),
+            ndim=v.ndim,
+        )
         out = nl.ndarray(v.shape, v.dtype, buffer=nl.shared_hbm, name="out")
         nisa.dma_copy(dst=out, src=v)
         return out
@@ -105,7 +112,7 @@ def index_cases(draw):
     ndim = draw(st.integers(1, 4))
     shape = tuple(draw(st.lists(st.integers(1, 6), min_size=ndim, max_size=ndim)))
     parts = []
-    for dim, n in enumerate(shape):
+    for _dim, n in enumerate(shape):
         kind = draw(st.sampled_from(["all", "int", "slice", "ds"]))
         if kind == "int":
             i = draw(st.integers(0, n - 1))
@@ -130,7 +137,7 @@ def index_cases(draw):
 
 def _as_keys(shape, parts, n_trailing, use_ellipsis):
     nki_key, np_key = [], []
-    for p, n in zip(parts, shape):
+    for p, _n in zip(parts, shape):
         if isinstance(p, tuple):
             nki_key.append(nl.ds(p[1], p[2]))
             np_key.append(slice(p[1], p[1] + p[2]))
@@ -152,8 +159,12 @@ def test_getitem_matches_numpy(case, where):
     nki_key, np_key = _as_keys(shape, parts, n_trailing, use_ellipsis)
     a = arange(shape)
     first = np_key[0]
-    if where == SBUF and isinstance(first, slice) and (first.step or 1) > 1 and \
-            len(range(*first.indices(shape[0]))) > 1:
+    if (
+        where == SBUF
+        and isinstance(first, slice)
+        and (first.step or 1) > 1
+        and len(range(*first.indices(shape[0]))) > 1
+    ):
         err = raises_in_kernel(a, where, lambda t: t[nki_key])  # no partition striding
         assert err.arg == "partition step"
         return
@@ -335,7 +346,12 @@ def test_reshape_dim_and_flatten_dims_match_numpy():
         (SBUF, lambda t: t.reshape_dim(0, (2, 2)), "NkiTensor.reshape_dim", "dim"),
         (SBUF, lambda t: t.flatten_dims(0, 1), "NkiTensor.flatten_dims", "start_dim"),
         (SBUF, lambda t: t.flatten_dims(1, 0), "NkiTensor.flatten_dims", "start_dim"),
-        (HBM, lambda t: t.permute((1, 0)).flatten_dims(0, 1), "NkiTensor.flatten_dims", "dims 0..1"),
+        (
+            HBM,
+            lambda t: t.permute((1, 0)).flatten_dims(0, 1),
+            "NkiTensor.flatten_dims",
+            "dims 0..1",
+        ),
         (HBM, lambda t: t[:, 0:12].flatten_dims(0, 1), "NkiTensor.flatten_dims", "dims 0..1"),
     ],
 )
@@ -468,9 +484,14 @@ def test_view_dtype_matches_numpy_view(src, dst, where):
     rng = np.random.default_rng(0)
     a = rng.integers(0, 255, size=(4, 32 * np.dtype(src).itemsize), dtype=np.uint8).view(src)
     nki_dst = {np.dtype(d): d for d in (np.uint8, np.int32, np.int16, np.float32, np.float16)}
-    name = np.dtype(dst).name if np.dtype(dst) in nki_dst else {
-        np.dtype(ml_dtypes.bfloat16): nl.bfloat16, np.dtype(ml_dtypes.float8_e4m3fn): nl.float8_e4m3fn
-    }[np.dtype(dst)]
+    name = (
+        np.dtype(dst).name
+        if np.dtype(dst) in nki_dst
+        else {
+            np.dtype(ml_dtypes.bfloat16): nl.bfloat16,
+            np.dtype(ml_dtypes.float8_e4m3fn): nl.float8_e4m3fn,
+        }[np.dtype(dst)]
+    )
     out, seen = view_of(a, where, lambda t: t[:, 4:28].view(name))
     expected = a[:, 4:28].view(dst)
     assert seen["shape"] == expected.shape
@@ -487,8 +508,9 @@ def test_view_dtype_rules():
     err = raises_in_kernel(np.zeros((4, 10), np.uint8), HBM, lambda t: t[:, 2:10].view(nl.float32))
     assert err.arg == "offset and strides"
     with pytest.raises(NotImplementedByInterpreter, match="NKI_PRECISE_FP=0"):
-        view_of(np.zeros((2, 4), ml_dtypes.bfloat16), SBUF, lambda t: t.view(nl.int16),
-                precise_fp=False)
+        view_of(
+            np.zeros((2, 4), ml_dtypes.bfloat16), SBUF, lambda t: t.view(nl.int16), precise_fp=False
+        )
     # Same-size reinterpretation of fp32 storage is still exact under NKI_PRECISE_FP=0.
     out, _ = view_of(a, SBUF, lambda t: t.view(nl.int32), precise_fp=False)
     np.testing.assert_array_equal(out, a.view(np.int32))
@@ -542,7 +564,9 @@ def test_ap_indirect_not_implemented():
 
 def test_rearrange_matches_numpy():
     a = arange((4, 24))
-    out, seen = view_of(a, SBUF, lambda t: t.rearrange(("b", ("h", "w")), ("b", "w", "h"), {"h": 4}))
+    out, seen = view_of(
+        a, SBUF, lambda t: t.rearrange(("b", ("h", "w")), ("b", "w", "h"), {"h": 4})
+    )
     assert seen["shape"] == (4, 6, 4)  # the example of the API stub
     np.testing.assert_array_equal(out, a.reshape(4, 4, 6).transpose(0, 2, 1))
     b = arange((2, 3, 4, 5))
@@ -595,7 +619,9 @@ def test_get_pattern_and_is_contiguous():
 @given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4), data=st.data())
 def test_get_pattern_matches_numpy_strides(shape, data):
     a = arange(shape)
-    sl = tuple(slice(data.draw(st.integers(0, n - 1)), None, data.draw(st.integers(1, 3))) for n in shape)
+    sl = tuple(
+        slice(data.draw(st.integers(0, n - 1)), None, data.draw(st.integers(1, 3))) for n in shape
+    )
     out, seen = view_of(a, HBM, lambda t: t[sl])
     ref = a[sl]
     assert seen["pattern"] == [[s // 4, n] for s, n in zip(ref.strides, ref.shape)]
@@ -649,10 +675,12 @@ def test_remaining_view_rules():
     err = raises_in_kernel(arange((4,)), HBM, lambda t: t[0:1].squeeze_dim(0))
     assert (err.op, err.arg) == ("NkiTensor.squeeze_dim", "dim") and "at least one dim" in str(err)
     # A 2-byte view offset cannot be re-read as 4-byte elements.
-    err = raises_in_kernel(np.zeros((4, 8), np.uint16), HBM,
-                           lambda t: t[:, 1:].ap([[1, 2]], dtype=nl.float32))
+    err = raises_in_kernel(
+        np.zeros((4, 8), np.uint16), HBM, lambda t: t[:, 1:].ap([[1, 2]], dtype=nl.float32)
+    )
     assert (err.op, err.arg) == ("NkiTensor.ap", "dtype") and "element-aligned" in str(err)
     # 3 bytes per partition do not hold whole fp32 elements.
-    err = raises_in_kernel(np.zeros((4, 3), np.uint8), SBUF,
-                           lambda t: t.ap([[1, 4], [1, 1]], dtype=nl.float32))
+    err = raises_in_kernel(
+        np.zeros((4, 3), np.uint8), SBUF, lambda t: t.ap([[1, 4], [1, 1]], dtype=nl.float32)
+    )
     assert (err.op, err.arg) == ("NkiTensor.ap", "dtype") and "3 bytes" in str(err)

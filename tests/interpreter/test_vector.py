@@ -1840,9 +1840,9 @@ def test_max8_limits():
 def test_operand_column_obeys_the_start_partition_rule_on_trn1():
     """A (P, 1) operand tile is an engine operand too: on trn1 a 64-partition column must
     start at partition 0 or 64 (trainium_inferentia2_arch.rst, "Data streaming")."""
-    from neuron_kernels.backend import nl, nisa
     import pytest
 
+    from neuron_kernels.backend import nisa, nl
     from neuron_kernels.interpreter import NkiValidationError, run
 
     def kernel(x):

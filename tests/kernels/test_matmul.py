@@ -48,14 +48,20 @@ def test_code_paths_on_every_target(config, dtype, target):
     args = _inputs(**problem, dtype=dtype)
     out = run_kernel(SPEC, args, config, target=target)
     assert out.dtype == args[0].dtype
-    assert_within_tolerance(out, SPEC.reference(*args), SPEC.tolerances[dtype], f"[{config} {target}]")
+    assert_within_tolerance(
+        out, SPEC.reference(*args), SPEC.tolerances[dtype], f"[{config} {target}]"
+    )
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (1, 513, 129), (127, 1, 128), (129, 512, 1), (513, 3, 257)])
+@pytest.mark.parametrize(
+    "m,n,k", [(1, 1, 1), (1, 513, 129), (127, 1, 128), (129, 512, 1), (513, 3, 257)]
+)
 def test_edge_shapes(m, n, k):
     args = _inputs(m, n, k, "bfloat16")
     out = run_kernel(SPEC, args, Config(block_m=1, block_n=1, block_k=1))
-    assert_within_tolerance(out, SPEC.reference(*args), SPEC.tolerances["bfloat16"], f"[{m}x{n}x{k}]")
+    assert_within_tolerance(
+        out, SPEC.reference(*args), SPEC.tolerances["bfloat16"], f"[{m}x{n}x{k}]"
+    )
 
 
 def test_batched_and_noncontiguous_inputs_through_the_op():
@@ -77,11 +83,17 @@ def test_empty_dims_return_without_a_kernel():
 
 @pytest.mark.parametrize(
     "config",
-    [Config(block_m=8, block_n=1, block_k=8, accumulate="sbuf"),
-     Config(block_m=2, block_n=2, block_k=4, accumulate="psum"),
-     Config(block_m=4, block_n=2, block_k=4, accumulate="psum", transpose="dma"),
-     Config(block_m=16, block_n=1, block_k=8, stationary="b", accumulate="psum", transpose="dma"),
-     Config(block_m=2, block_n=4, block_k=2, stationary="b", accumulate="sbuf", transpose="strided")],
+    [
+        Config(block_m=8, block_n=1, block_k=8, accumulate="sbuf"),
+        Config(block_m=2, block_n=2, block_k=4, accumulate="psum"),
+        Config(block_m=4, block_n=2, block_k=4, accumulate="psum", transpose="dma"),
+        Config(
+            block_m=16, block_n=1, block_k=8, stationary="b", accumulate="psum", transpose="dma"
+        ),
+        Config(
+            block_m=2, block_n=4, block_k=2, stationary="b", accumulate="sbuf", transpose="strided"
+        ),
+    ],
     ids=str,
 )
 def test_declared_budgets_bound_the_measured_peaks(config):
@@ -90,7 +102,9 @@ def test_declared_budgets_bound_the_measured_peaks(config):
     SPEC.check(problem, "bfloat16", config, "trn2")
     runs = []
     args = _inputs(**problem, dtype="bfloat16")
-    SPEC.launch(*args, config=config, runner=interpreter_runner_for("trn2", compute=False, runs=runs))
+    SPEC.launch(
+        *args, config=config, runner=interpreter_runner_for("trn2", compute=False, runs=runs)
+    )
     peak = runs[0].memory[0]
     assert peak.sbuf_bytes <= matmul.sbuf_bytes(problem, "bfloat16", config)
     assert peak.psum_banks <= matmul.psum_banks(problem, config)
@@ -100,11 +114,34 @@ def test_declared_budgets_bound_the_measured_peaks(config):
 def test_check_refuses_each_limit():
     big = {"m": 4096, "n": 4096, "k": 4096}
     cases = {
-        "dma transpose of fp32": (big, "float32", Config(transpose="dma"), "trn2", "config transpose"),
-        "dma transpose on trn1": (big, "bfloat16", Config(transpose="dma"), "trn1", "config transpose"),
-        "PSUM banks": (big, "bfloat16", Config(block_m=8, block_n=2, accumulate="psum"), "trn2", "PSUM banks"),
-        "SBUF": (big, "float32", Config(block_m=16, block_n=4, block_k=8, stationary="b"), "trn2",
-                 "SBUF bytes per partition"),
+        "dma transpose of fp32": (
+            big,
+            "float32",
+            Config(transpose="dma"),
+            "trn2",
+            "config transpose",
+        ),
+        "dma transpose on trn1": (
+            big,
+            "bfloat16",
+            Config(transpose="dma"),
+            "trn1",
+            "config transpose",
+        ),
+        "PSUM banks": (
+            big,
+            "bfloat16",
+            Config(block_m=8, block_n=2, accumulate="psum"),
+            "trn2",
+            "PSUM banks",
+        ),
+        "SBUF": (
+            big,
+            "float32",
+            Config(block_m=16, block_n=4, block_k=8, stationary="b"),
+            "trn2",
+            "SBUF bytes per partition",
+        ),
         "dtype": (big, "float64", Config(), "trn2", "dtype"),
         "empty": ({"m": 0, "n": 4, "k": 4}, "float32", Config(), "trn2", "m"),
     }

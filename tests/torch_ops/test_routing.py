@@ -66,7 +66,9 @@ def test_bad_mode_values_are_refused(monkeypatch):
 
 def test_other_devices_use_reference_shapes():
     """The meta device stands for "any other device": reference routing, right shapes."""
-    out = torch.ops.neuron.matmul(torch.empty(3, 4, 5, device="meta"), torch.empty(5, 2, device="meta"))
+    out = torch.ops.neuron.matmul(
+        torch.empty(3, 4, 5, device="meta"), torch.empty(5, 2, device="meta")
+    )
     assert out.shape == (3, 4, 2) and out.device.type == "meta"
 
 
@@ -74,7 +76,9 @@ def test_fake_tensor_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
-        out = torch.ops.neuron.matmul(torch.empty(7, 3, 5, dtype=torch.bfloat16), torch.empty(5, 2, dtype=torch.bfloat16))
+        out = torch.ops.neuron.matmul(
+            torch.empty(7, 3, 5, dtype=torch.bfloat16), torch.empty(5, 2, dtype=torch.bfloat16)
+        )
     assert out.shape == (7, 3, 2) and out.dtype == torch.bfloat16
 
 
