@@ -18,17 +18,22 @@ import torch
 
 from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
-from neuron_kernels.hardware import target_from_name
-from neuron_kernels.kernels.spec import OpSpec, Tolerance, TunableConfig, register, tunable
+from neuron_kernels.hardware import Target
+from neuron_kernels.kernels.spec import (
+    DTYPES,
+    ITEMSIZE,
+    OpSpec,
+    Tolerance,
+    TunableConfig,
+    ceil_div,
+    dtype_name,
+    register,
+    tunable,
+)
 
-__all__ = ["MatmulConfig", "forward", "launch", "reference", "SPEC"]
+__all__ = ["SPEC", "MatmulConfig", "MatmulPlan", "forward", "plan", "reference", "run_kernels"]
 
 OP = "matmul"
-TILE_K = 128  # contraction per nc_matmul: the partition dim (tile_size.pmax)
-STATIONARY_F = 128  # stationary free size (tile_size.gemm_stationary_fmax)
-MOVING_F = 512  # moving free size: one 2 KiB PSUM bank of fp32 (gemm_moving_fmax)
-DTYPES = ("float32", "bfloat16", "float16")
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -80,60 +85,157 @@ class MatmulConfig(TunableConfig):
     )
 
 
+# -- the tile plan ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MatmulPlan(nl.NKIObject):
+    """The tiles, blocks and budgets of one matmul: derived once by :func:`plan` from
+    (problem, dtype, config, target), read by the kernel and by the budget check.
+
+    An ``nl.NKIObject`` dataclass, so the kernel takes it as a compile-time argument (the
+    NKI language guide's class support; nki-library's tile-info objects are the same idiom).
+
+    Output tiles are ``tile_p x tile_q`` (partition x free extent): ``tile_m x tile_n`` when
+    A^T is stationary (C rows on partitions), ``tile_n x tile_m`` when B is (C^T).
+    """
+
+    m: int
+    n: int
+    k: int
+    stationary: str  # "a" or "b"
+    accumulate: str  # "psum" or "sbuf"
+    transpose: str  # "pe", "dma" or "strided"
+    tile_k: int  # contraction rows per nc_matmul: the partition count
+    tile_m: int  # output tile extent along M
+    tile_n: int  # output tile extent along N
+    block_m: int  # rows of M per block
+    block_n: int  # columns of N per block
+    block_k: int  # rows of K per block
+    k_tiles: int  # K tiles a block holds in SBUF (block_k / tile_k, clipped to K)
+    k_blocks: int  # blocks along K
+    pe_transpose_keeps_dtype: bool  # PE transposes write the input dtype to PSUM (v3+)
+    sbuf_bytes: int  # peak SBUF bytes per partition
+    psum_banks: int  # PSUM banks held at once
+
+
+def plan(problem: dict, dtype: str, config: MatmulConfig, target: Target) -> MatmulPlan:
+    """The tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``.
+
+    Raises:
+        LimitError: DMA transposes on a target or dtype that has none.
+    """
+    m, n, k = problem["m"], problem["n"], problem["k"]
+    if config.transpose == "dma":
+        if not target.has_dma_transpose:
+            raise LimitError(
+                OP,
+                "config transpose",
+                f"must not be 'dma' on {target.name} (DMA transpose needs trn2+)",
+                "dma",
+            )
+        if ITEMSIZE[dtype] != 2:
+            raise LimitError(
+                OP,
+                "config transpose",
+                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
+                f"dma with {dtype}",
+            )
+    item = ITEMSIZE[dtype]
+    a_stationary = config.stationary == "a"
+    stationary_f, moving_f = target.gemm_stationary_fmax, target.gemm_moving_fmax
+    tile_m, tile_n = (stationary_f, moving_f) if a_stationary else (moving_f, stationary_f)
+    tile_k = target.pmax
+    block_m, block_n = config.block_m * tile_m, config.block_n * tile_n
+    block_k = config.block_k * tile_k
+    ms_blk, ns_blk = min(block_m, m), min(block_n, n)
+    k_tiles = min(config.block_k, ceil_div(k, tile_k))
+    k_blocks = ceil_div(k, block_k)
+    p_ext, q_ext = (ms_blk, ns_blk) if a_stationary else (ns_blk, ms_blk)
+    n_p = ceil_div(p_ext, tile_m if a_stationary else tile_n)
+    n_q = ceil_div(q_ext, tile_n if a_stationary else tile_m)
+
+    sbuf = k_tiles * ns_blk * item + k_tiles * ms_blk * item  # B block + A^T block
+    if config.transpose == "pe":
+        sbuf += min(block_k, k) * item  # A rows awaiting their PE transpose
+    if config.accumulate == "sbuf" and k_blocks > 1:
+        sbuf += n_p * q_ext * 4  # fp32 accumulators
+        if dtype != "float32":
+            sbuf += n_p * q_ext * item  # staged output in C's dtype
+    else:
+        sbuf += n_p * q_ext * item
+    # Each output tile is one 2 KiB fp32 bank; "sbuf" holds one partial tile at a time.
+    banks = (n_p * n_q if config.accumulate == "psum" else 1) + (config.transpose == "pe")
+    return MatmulPlan(
+        m=m,
+        n=n,
+        k=k,
+        stationary=config.stationary,
+        accumulate=config.accumulate,
+        transpose=config.transpose,
+        tile_k=tile_k,
+        tile_m=tile_m,
+        tile_n=tile_n,
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
+        k_tiles=k_tiles,
+        k_blocks=k_blocks,
+        pe_transpose_keeps_dtype=target.has_transpose_mode,
+        sbuf_bytes=sbuf,
+        psum_banks=banks,
+    )
+
+
 # -- the NKI kernel ----------------------------------------------------------------------
 
 
-def _ceil_div(a, b):
-    return (a + b - 1) // b
-
-
-def _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, transpose, psum_dtype):
-    """Fill ``at_blk[k, kt, m]`` with ``A[m0 + m, k0 + kt * 128 + k]`` (A^T of one block)."""
-    n_kt = _ceil_div(ks_blk, TILE_K)
-    if transpose == "pe":
-        for mc in range(0, ms_blk, STATIONARY_F):
-            mcs = min(STATIONARY_F, ms_blk - mc)
+def _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, plan, psum_dtype):
+    """Fill ``at_blk[k, kt, m]`` with ``A[m0 + m, k0 + kt * tile_k + k]`` (A^T of one block)."""
+    tk = plan.tile_k
+    n_kt = (ks_blk + tk - 1) // tk
+    if plan.transpose == "pe":
+        for mc in range(0, ms_blk, tk):
+            mcs = min(tk, ms_blk - mc)
             a_rows = nl.ndarray((mcs, ks_blk), dtype=a.dtype, buffer=nl.sbuf, name="a_rows")
             nisa.dma_copy(dst=a_rows, src=a[m0 + mc : m0 + mc + mcs, k0 : k0 + ks_blk])
             for kt in range(n_kt):
-                ksz = min(TILE_K, ks_blk - kt * TILE_K)
+                ksz = min(tk, ks_blk - kt * tk)
                 a_t = nl.ndarray((ksz, mcs), dtype=psum_dtype, buffer=nl.psum, name="a_t")
-                nisa.nc_transpose(dst=a_t, data=a_rows[0:mcs, kt * TILE_K : kt * TILE_K + ksz])
+                nisa.nc_transpose(dst=a_t, data=a_rows[0:mcs, kt * tk : kt * tk + ksz])
                 nisa.tensor_copy(dst=at_blk[0:ksz, kt, mc : mc + mcs], src=a_t)
     else:
         for kt in range(n_kt):
-            ksz = min(TILE_K, ks_blk - kt * TILE_K)
-            src = a[m0 : m0 + ms_blk, k0 + kt * TILE_K : k0 + kt * TILE_K + ksz]
-            if transpose == "dma":
+            ksz = min(tk, ks_blk - kt * tk)
+            src = a[m0 : m0 + ms_blk, k0 + kt * tk : k0 + kt * tk + ksz]
+            if plan.transpose == "dma":
                 nisa.dma_transpose(dst=at_blk[0:ksz, kt, 0:ms_blk], src=src)
             else:
                 nisa.dma_copy(dst=at_blk[0:ksz, kt, 0:ms_blk], src=src.permute((1, 0)))
 
 
 @nki.jit
-def forward(
-    a, b, block_m=4, block_n=2, block_k=8, stationary="a", accumulate="sbuf", transpose="pe"
-):
+def forward(a, b, plan):
     """``C = A @ B`` for ``A [M, K]`` and ``B [K, N]`` in HBM; returns ``C [M, N]`` (A's dtype).
 
-    The tunables are compile-time arguments (see :class:`MatmulConfig`).
+    ``plan`` is the :class:`MatmulPlan` for these shapes (a compile-time argument).
     """
     M, K = a.shape
     K_b, N = b.shape
     assert K == K_b, f"matmul: b.shape[0] must equal a.shape[1] ({K}), got {K_b}"
+    assert (M, N, K) == (plan.m, plan.n, plan.k), "matmul: the plan was made for other shapes"
     out = nl.ndarray((M, N), dtype=a.dtype, buffer=nl.shared_hbm, name="c")
 
-    a_stationary = stationary == "a"
-    # Output tiles: (partition extent, free extent) = (M, N) tiles for "a", (N, M) for "b".
-    tile_m = STATIONARY_F if a_stationary else MOVING_F
-    tile_n = MOVING_F if a_stationary else STATIONARY_F
-    blk_m, blk_n, blk_k = block_m * tile_m, block_n * tile_n, block_k * TILE_K
+    a_stationary = plan.stationary == "a"
+    accumulate = plan.accumulate
+    tile_k, tile_m, tile_n = plan.tile_k, plan.tile_m, plan.tile_n
+    blk_m, blk_n, blk_k = plan.block_m, plan.block_n, plan.block_k
     # PE transposes keep the input dtype in PSUM from NeuronCore-v3 (bit-accurate mode);
     # NeuronCore-v2 transposes through an fp32 matmul.
-    psum_dtype = a.dtype if nisa.get_nc_version() >= nisa.nc_version.gen3 else nl.float32
-    n_kb = _ceil_div(K, blk_k)
-    kt_alloc = min(block_k, _ceil_div(K, TILE_K))
-    k_rows = min(TILE_K, K)
+    psum_dtype = a.dtype if plan.pe_transpose_keeps_dtype else nl.float32
+    n_kb = plan.k_blocks
+    kt_alloc = plan.k_tiles
+    k_rows = min(tile_k, K)
 
     for m0 in range(0, M, blk_m):
         ms_blk = min(blk_m, M - m0)
@@ -142,7 +244,7 @@ def forward(
             # Output tiles of this block, indexed [p][q]: p along the partition side.
             p_ext, q_ext = (ms_blk, ns_blk) if a_stationary else (ns_blk, ms_blk)
             p_tile, q_tile = (tile_m, tile_n) if a_stationary else (tile_n, tile_m)
-            n_p, n_q = _ceil_div(p_ext, p_tile), _ceil_div(q_ext, q_tile)
+            n_p, n_q = ceil_div(p_ext, p_tile), ceil_div(q_ext, q_tile)
             p_alloc, q_alloc = min(p_tile, p_ext), min(q_tile, q_ext)
 
             sums = []  # PSUM tiles over all of K ("psum") or fp32 SBUF accumulators ("sbuf")
@@ -173,20 +275,20 @@ def forward(
             for kb in range(n_kb):
                 k0 = kb * blk_k
                 ks_blk = min(blk_k, K - k0)
-                n_kt = _ceil_div(ks_blk, TILE_K)
+                n_kt = ceil_div(ks_blk, tile_k)
                 b_blk = nl.ndarray(
                     (k_rows, kt_alloc, ns_blk), dtype=b.dtype, buffer=nl.sbuf, name="b_blk"
                 )
                 for kt in range(n_kt):
-                    ksz = min(TILE_K, ks_blk - kt * TILE_K)
+                    ksz = min(tile_k, ks_blk - kt * tile_k)
                     nisa.dma_copy(
                         dst=b_blk[0:ksz, kt, 0:ns_blk],
-                        src=b[k0 + kt * TILE_K : k0 + kt * TILE_K + ksz, n0 : n0 + ns_blk],
+                        src=b[k0 + kt * tile_k : k0 + kt * tile_k + ksz, n0 : n0 + ns_blk],
                     )
                 at_blk = nl.ndarray(
                     (k_rows, kt_alloc, ms_blk), dtype=a.dtype, buffer=nl.sbuf, name="at_blk"
                 )
-                _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, transpose, psum_dtype)
+                _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, plan, psum_dtype)
 
                 for p in range(n_p):
                     po = p * p_tile
@@ -205,7 +307,7 @@ def forward(
                                 (p_alloc, q_alloc), dtype=nl.float32, buffer=nl.psum, name="c_part"
                             )
                         for kt in range(n_kt):
-                            ksz = min(TILE_K, ks_blk - kt * TILE_K)
+                            ksz = min(tile_k, ks_blk - kt * tile_k)
                             at_tile = at_blk[0:ksz, kt, mo : mo + msz]
                             b_tile = b_blk[0:ksz, kt, no : no + nsz]
                             nisa.nc_matmul(
@@ -262,10 +364,6 @@ def forward(
 # -- op-level glue: shapes, limits, reference -------------------------------------------------
 
 
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
 def validate(a, b) -> None:
     """Refuse bad op input before any work: ranks, K agreement, dtypes, devices."""
     for arg, t in (("a", a), ("b", b)):
@@ -284,22 +382,18 @@ def validate(a, b) -> None:
             limit=a.shape[-1],
         )
     for arg, t in (("a", a), ("b", b)):
-        if _dtype_name(t) not in DTYPES:
+        if dtype_name(t) not in DTYPES:
             raise LimitError(
-                OP, f"{arg} dtype", f"must be one of {DTYPES}", _dtype_name(t), limit=DTYPES
+                OP, f"{arg} dtype", f"must be one of {DTYPES}", dtype_name(t), limit=DTYPES
             )
     if a.dtype != b.dtype:
-        raise LimitError(OP, "b dtype", f"must equal a's dtype ({_dtype_name(a)})", _dtype_name(b))
+        raise LimitError(OP, "b dtype", f"must equal a's dtype ({dtype_name(a)})", dtype_name(b))
     if a.device != b.device:
         raise LimitError(OP, "b device", f"must equal a's device ({a.device})", str(b.device))
 
 
 def problem(a, b) -> dict:
     return {"m": math.prod(a.shape[:-1]), "n": b.shape[1], "k": b.shape[0]}
-
-
-def output_shapes(a, b) -> list:
-    return [((*a.shape[:-1], b.shape[1]), a.dtype)]
 
 
 def reference(a, b, upcast: bool = True):
@@ -309,99 +403,18 @@ def reference(a, b, upcast: bool = True):
     return torch.matmul(a, b)
 
 
-def sbuf_bytes(problem: dict, dtype: str, config: MatmulConfig) -> int:
-    """Peak SBUF bytes per partition the kernel holds for this problem (its tile plan)."""
-    m, n, k = problem["m"], problem["n"], problem["k"]
-    item = _ITEMSIZE[dtype]
-    a_stationary = config.stationary == "a"
-    tile_m, tile_n = (STATIONARY_F, MOVING_F) if a_stationary else (MOVING_F, STATIONARY_F)
-    ms_blk, ns_blk = min(config.block_m * tile_m, m), min(config.block_n * tile_n, n)
-    blk_k = config.block_k * TILE_K
-    kt_alloc = min(config.block_k, _ceil_div(k, TILE_K))
-    n_kb = _ceil_div(k, blk_k)
-    q_ext = ns_blk if a_stationary else ms_blk
-    p_ext = ms_blk if a_stationary else ns_blk
-    n_p = _ceil_div(p_ext, tile_m if a_stationary else tile_n)
-    total = kt_alloc * ns_blk * item + kt_alloc * ms_blk * item  # B block + A^T block
-    if config.transpose == "pe":
-        total += min(blk_k, k) * item  # A rows awaiting their PE transpose
-    if config.accumulate == "sbuf" and n_kb > 1:
-        total += n_p * q_ext * 4  # fp32 accumulators
-        if dtype != "float32":
-            total += n_p * q_ext * item  # staged output in C's dtype
-    else:
-        total += n_p * q_ext * item
-    return total
-
-
-def psum_banks(problem: dict, config: MatmulConfig) -> int:
-    """PSUM banks the kernel holds at once (each output tile is one 2 KiB fp32 bank)."""
-    m, n = problem["m"], problem["n"]
-    a_stationary = config.stationary == "a"
-    tile_m, tile_n = (STATIONARY_F, MOVING_F) if a_stationary else (MOVING_F, STATIONARY_F)
-    ms_blk, ns_blk = min(config.block_m * tile_m, m), min(config.block_n * tile_n, n)
-    tiles = _ceil_div(ms_blk, tile_m) * _ceil_div(ns_blk, tile_n)
-    held = tiles if config.accumulate == "psum" else 1
-    return held + (1 if config.transpose == "pe" else 0)
-
-
-def check(problem: dict, dtype: str, config: MatmulConfig, target: str) -> None:
-    """Raise LimitError when ``config`` cannot run ``problem`` in ``dtype`` on ``target``."""
-    tg = target_from_name(target)
-    if dtype not in DTYPES:
-        raise LimitError(OP, "dtype", f"must be one of {DTYPES}", dtype, limit=DTYPES)
-    for dim in ("m", "n", "k"):
-        if problem[dim] < 1:
-            raise LimitError(OP, dim, "must be >= 1", problem[dim], limit=1)
-    if config.transpose == "dma":
-        if not tg.has_dma_transpose:
-            raise LimitError(
-                OP,
-                "config transpose",
-                f"must not be 'dma' on {tg.name} (DMA transpose needs trn2+)",
-                "dma",
-            )
-        if _ITEMSIZE[dtype] != 2:
-            raise LimitError(
-                OP,
-                "config transpose",
-                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
-                f"dma with {dtype}",
-            )
-    banks = psum_banks(problem, config)
-    if banks > tg.psum_num_banks:
-        raise LimitError(
-            OP,
-            "PSUM banks",
-            f"must be <= {tg.psum_num_banks} ({tg.name})",
-            banks,
-            limit=tg.psum_num_banks,
-            hint="lower block_m * block_n or accumulate in SBUF",
-        )
-    need = sbuf_bytes(problem, dtype, config)
-    if need > tg.sbuf_usable_bytes:
-        raise LimitError(
-            OP,
-            "SBUF bytes per partition",
-            f"must be <= {tg.sbuf_usable_bytes} ({tg.name})",
-            need,
-            limit=tg.sbuf_usable_bytes,
-            hint="lower block_k or the block sizes",
-        )
-
-
 # -- launch from torch -----------------------------------------------------------------------
 
 
-def launch(a: torch.Tensor, b: torch.Tensor, *, config: MatmulConfig, runner) -> torch.Tensor:
+def run_kernels(a: torch.Tensor, b: torch.Tensor, *, config: MatmulConfig, runner) -> torch.Tensor:
     """Run the kernel for ``a [..., M, K] @ b [K, N]``: batch dims fold into M (B is shared)."""
     *batch, m, k = a.shape
     n = b.shape[1]
     rows = math.prod(batch) * m
     if rows == 0 or n == 0 or k == 0:
         return torch.zeros((*batch, m, n), dtype=a.dtype, device=a.device)
-    a2 = a.reshape(rows, k).contiguous()
-    out = runner(forward, a2, b.contiguous(), **config.to_dict())
+    tiles = SPEC.check(problem(a, b), dtype_name(a), config, runner.target)
+    out = runner(forward, a.reshape(rows, k).contiguous(), b.contiguous(), tiles)
     return out.reshape(*batch, m, n)
 
 
@@ -412,24 +425,6 @@ def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     a = (torch.randn(m, k, generator=generator) * scale).to(getattr(torch, dtype))
     b = (torch.randn(k, n, generator=generator) * scale).to(getattr(torch, dtype))
     return a, b
-
-
-def parse_shape(text: str) -> dict:
-    """``"MxNxK"`` (e.g. ``4096x4096x4096``) -> problem dict."""
-    parts = text.lower().replace(",", "x").split("x")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-        raise LimitError(OP, "shape", "must be MxNxK (three positive ints)", text)
-    m, n, k = (int(p) for p in parts)
-    return {"m": m, "n": n, "k": k}
-
-
-def shape_bucket(problem: dict) -> str:
-    """Each dim rounded up to a power of two (at least 128): configs transfer within a bucket."""
-
-    def up(x):
-        return max(128, 1 << (max(1, x) - 1).bit_length())
-
-    return f"m{up(problem['m'])}_n{up(problem['n'])}_k{up(problem['k'])}"
 
 
 def _setup_context(ctx, a, b, output):
@@ -466,12 +461,11 @@ SPEC = register(
     OpSpec(
         name=OP,
         config=MatmulConfig,
-        launch=launch,
+        plan=plan,
+        run_kernels=run_kernels,
         reference=reference,
         validate=validate,
         problem=problem,
-        check=check,
-        output_shapes=output_shapes,
         tolerances={
             # Inputs are exact in fp64, so the only errors are fp32 accumulation over K
             # (~sqrt(K) * 2^-24 for O(1) partial sums; << 1e-4 for K <= 4096) and the one
@@ -485,18 +479,19 @@ SPEC = register(
             ),
         },
         make_inputs=make_inputs,
-        parse_shape=parse_shape,
-        shape_bucket=shape_bucket,
         test_problems={
             "ranges": {"m": (1, 300), "n": (1, 700), "k": (1, 300)},
             "edges": (1, 127, 128, 129, 511, 512, 513),
             "probe": {"m": 130, "n": 520, "k": 260},  # every config runs here, checked
             "large": {"m": 2048, "n": 2048, "k": 1024},  # budgets bind here (trace-only runs)
         },
-        dtypes=DTYPES,
         kernels=(forward,),
         autograd=(_setup_context, _backward),
         bad_inputs=_bad_inputs,
+        budget_hints={
+            "psum": "lower block_m * block_n or accumulate in SBUF",
+            "sbuf": "lower block_k or the block sizes",
+        },
         description="C = A @ B on the Tensor Engine",
     )
 )

@@ -1,9 +1,12 @@
-"""One declaration per op: :class:`OpSpec`, tunable configs and the op registry.
+"""One declaration per op: :class:`OpSpec`, tunable configs, tile plans and the op registry.
 
 A kernel module states everything about its op once: the NKI entry points, the tunable
-config (frozen data, each field with its choices and a reasoned default), the limits
-check, the plain-torch reference, output shapes and per-dtype tolerances. ``torch_ops``,
-``autotune``, the profiler and the contract tests all read that one object.
+config (frozen data, each field with its choices and a reasoned default), the tile plan
+(derived once from problem, dtype, config and target, read by the kernel and by the
+budget check), the plain-torch reference and the per-dtype tolerances. ``torch_ops``,
+``autotune``, the profiler and the contract tests all read that one object; what every op
+would otherwise write again (shape parsing, shape buckets, budget checks, fake shapes,
+dtype names) has its default here.
 """
 
 from __future__ import annotations
@@ -12,39 +15,92 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from neuron_kernels.errors import LimitError
+from neuron_kernels.hardware import Target, target_from_name, usable_psum_banks
 
 __all__ = [
-    "OpSpec",
-    "TunableConfig",
-    "Tolerance",
-    "tunable",
-    "Runner",
+    "DTYPES",
+    "ITEMSIZE",
+    "FunctionRunner",
     "REGISTRY",
-    "register",
+    "OpSpec",
+    "Runner",
+    "TilePlan",
+    "Tolerance",
+    "TunableConfig",
+    "ceil_div",
+    "dtype_name",
     "get_spec",
+    "register",
+    "tunable",
 ]
 
-# A runner executes one NKI kernel: ``runner(kernel, *args, **kwargs) -> outputs``.
-# The interpreter runner simulates on CPU, the device runner calls the jitted kernel on
-# ``neuron`` tensors, the profiling runner also keeps the instruction trace.
-Runner = Callable[..., Any]
+# The floating dtypes an op accepts unless it says otherwise, and their element sizes.
+DTYPES = ("float32", "bfloat16", "float16")
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int8": 1, "uint8": 1}
+
+
+def dtype_name(t) -> str:
+    """``torch.bfloat16`` (or a tensor of it) -> ``"bfloat16"``, the name NKI uses."""
+    return str(getattr(t, "dtype", t)).removeprefix("torch.")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+class Runner(Protocol):
+    """Runs one NKI kernel: ``runner(kernel, *args, **kwargs) -> outputs``.
+
+    The interpreter runner simulates on CPU, the profiler also keeps the instruction trace,
+    the device runner calls the jitted kernel on ``neuron`` tensors. ``target`` is the
+    NeuronCore generation the kernel runs on (or is modeled for): the tile plan is derived
+    for it.
+    """
+
+    target: Target
+
+    def __call__(self, kernel, *args, **kwargs) -> Any: ...
+
+
+@dataclass(frozen=True)
+class FunctionRunner:
+    """A plain ``fn(kernel, *args, **kwargs)`` as a :class:`Runner` for ``target``."""
+
+    fn: Callable[..., Any]
+    target: Target
+
+    def __call__(self, kernel, *args, **kwargs) -> Any:
+        return self.fn(kernel, *args, **kwargs)
+
+
+class TilePlan(Protocol):
+    """What a tile plan must expose for the budget check; each op's plan is a frozen
+    ``nl.NKIObject`` dataclass (so the kernel can take it as a compile-time argument)
+    carrying whatever else its kernel reads."""
+
+    sbuf_bytes: int  # peak SBUF bytes per partition the kernel holds
+    psum_banks: int  # PSUM banks (2 KiB per partition each) held at once
 
 
 def tunable(default: Any, choices: tuple, why: str) -> Any:
     """A tunable field: its default, the choices the tuner may take, and a one-line reason
-    for the default labelled "modeled" (cost model) or "hardware" (a Trn2 run)."""
+    for the default labelled "modeled" (cost model), "hardware" (a Trn2 run) or
+    "correctness"."""
     if default not in choices:
         raise ValueError(f"default {default!r} is not among the choices {choices!r}")
-    if not (
-        why.startswith("modeled") or why.startswith("hardware") or why.startswith("correctness")
-    ):
+    if not why.startswith(("modeled", "hardware", "correctness")):
         raise ValueError(
             f"the reason for a default must start with 'modeled', 'hardware' or 'correctness': {why!r}"
         )
     return field(default=default, metadata={"choices": tuple(choices), "why": why})
+
+
+def _same_choice(value: Any, choice: Any) -> bool:
+    # Types must match too: True == 1 and 4.0 == 4, but neither is the int choice 1 or 4.
+    return type(value) is type(choice) and value == choice
 
 
 @dataclass(frozen=True)
@@ -74,20 +130,28 @@ class TunableConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TunableConfig:
-        """Build a config from a mapping, refusing unknown fields and values off the grid."""
+        """Build a config from a mapping, refusing unknown fields and values off the grid
+        (by type as well as value)."""
+        if not isinstance(values, Mapping):
+            raise LimitError(
+                cls.op_name, "config", "must be an object of field values", type(values).__name__
+            )
         space = cls.space()
         unknown = set(values) - set(space)
         if unknown:
             raise LimitError(
-                cls.op_name, "config", f"must only name the fields {sorted(space)}", sorted(unknown)
+                cls.op_name,
+                "config",
+                f"must only name the fields {sorted(space)}",
+                sorted(unknown, key=str),
             )
         for name, value in values.items():
-            if value not in space[name]:
+            if not any(_same_choice(value, c) for c in space[name]):
                 raise LimitError(
                     cls.op_name,
                     f"config {name}",
                     f"must be one of {space[name]}",
-                    value,
+                    repr(value),
                     limit=space[name],
                 )
         return cls(**dict(values))
@@ -109,60 +173,163 @@ class Tolerance:
 class OpSpec:
     """Everything about one op, declared once in its kernel module.
 
-    Attributes:
+    What the op must declare (its own shapes, tiles, reference and tolerances):
         name: snake_case op name: ``torch.ops.neuron.<name>``, ``perf_results/<target>/<name>.json``.
         config: the op's :class:`TunableConfig` subclass.
-        launch: ``launch(*op_args, config, runner)``: runs the NKI kernel(s) for op-level
-            torch inputs (any batch layout) and returns the op's outputs. Its type hints,
-            minus ``config`` and ``runner``, are the op's schema.
+        plan: ``plan(problem, dtype, config, target) -> TilePlan``: the tile plan the kernel
+            runs and the budgets it holds; raises :class:`LimitError` for a config that cannot
+            run the problem at all (a missing feature of the target, a bad dtype pairing).
+            :meth:`check` adds the SBUF/PSUM capacity comparison, in one place for every op.
+        run_kernels: ``run_kernels(*op_args, config, runner)``: runs the NKI kernel(s) for
+            op-level torch inputs (any batch layout) through ``runner`` and returns the op's
+            outputs; it derives the plan with ``spec.check(..., runner.target)``. Its type
+            hints, minus ``config`` and ``runner``, are the op's schema.
         reference: ``reference(*op_args, upcast=True)``: plain torch; fp64 when ``upcast``,
             the inputs' dtype otherwise (the fast path for non-neuron devices).
         validate: ``validate(*op_args)``: raises :class:`LimitError` for bad op input (ranks,
             dtypes, mismatched sizes, mixed devices) before any work.
-        problem: ``problem(*op_args) -> dict``: the sizes that select configs and limits.
-        check: ``check(problem, dtype, config, target)``: raises :class:`LimitError` when the
-            config cannot run that problem on that target (tile, SBUF and PSUM budgets).
-        output_shapes: ``output_shapes(*op_args) -> list[(shape, dtype)]`` for fake impls.
+        problem: ``problem(*op_args) -> dict``: the sizes that select configs and limits. Its
+            keys, in order, are the op's shape syntax (``"MxNxK"`` for m, n, k).
         tolerances: per NKI dtype name, the :class:`Tolerance` tests hold the kernel to.
         make_inputs: ``make_inputs(problem, dtype, generator) -> tuple`` of op args.
-        parse_shape: ``parse_shape("4096x4096x4096") -> problem`` for the CLIs.
-        shape_bucket: ``shape_bucket(problem) -> str``: the key tuned configs are stored under.
         test_problems: sizes the contract tests use: ``"ranges"`` ``{dim: (low, high)}`` to
             draw from, ``"edges"`` values to favour, a small ``"probe"`` problem every config
             runs on, and a ``"large"`` one where SBUF/PSUM budgets bind.
-        dtypes: torch dtype names the op accepts.
-        kernels: the NKI kernels the op runs (their source is part of a tuned config's key).
+
+    Defaults an op overrides only when it must:
+        dtypes: torch dtype names the op accepts (:data:`DTYPES`).
+        output_shapes: ``output_shapes(*op_args) -> [(shape, dtype)]`` for fake impls;
+            default: the reference run on meta tensors.
+        parse_shape: ``parse_shape("4096x4096x4096") -> problem``; default: positive ints
+            joined by ``x`` in the order of ``test_problems["probe"]``.
+        shape_bucket: ``shape_bucket(problem) -> str``, the key tuned configs are stored
+            under; default: each dim rounded up to a power of two (at least 128).
+        kernels: the NKI kernels the op runs (their code is part of a tuned config's key).
         autograd: ``(setup_context, backward)``; ``setup_context(ctx, *op_args, output)``
             receives the inputs by name, ``backward(ctx, *grads)`` returns one grad per input.
         bad_inputs: ``bad_inputs() -> [(op_args, arg_name), ...]``: one bad input per
             op-boundary limit, with the argument the error must name.
+        budget_hints: ``{"sbuf": ..., "psum": ...}``: how to fix a config over budget.
     """
 
     name: str
     config: type[TunableConfig]
-    launch: Callable[..., Any]
+    plan: Callable[[dict, str, TunableConfig, Target], TilePlan]
+    run_kernels: Callable[..., Any]
     reference: Callable[..., Any]
     validate: Callable[..., None]
     problem: Callable[..., dict]
-    check: Callable[[dict, str, TunableConfig, str], None]
-    output_shapes: Callable[..., list]
     tolerances: Mapping[str, Tolerance]
     make_inputs: Callable[..., tuple]
-    parse_shape: Callable[[str], dict]
-    shape_bucket: Callable[[dict], str]
     test_problems: Mapping[str, Any]
-    dtypes: tuple[str, ...]
+    dtypes: tuple[str, ...] = DTYPES
+    output_shapes: Callable[..., list] | None = None
+    parse_shape: Callable[[str], dict] | None = None
+    shape_bucket: Callable[[dict], str] | None = None
     kernels: tuple = ()
     autograd: tuple[Callable, Callable] | None = None
     bad_inputs: Callable[[], list] | None = None
+    budget_hints: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
 
-    def is_valid(self, problem: dict, dtype: str, config: TunableConfig, target: str) -> bool:
+    def __post_init__(self) -> None:
+        if self.parse_shape is None:
+            object.__setattr__(self, "parse_shape", _shape_parser(self.name, self.dims))
+        if self.shape_bucket is None:
+            object.__setattr__(self, "shape_bucket", _pow2_bucket)
+        if self.output_shapes is None:
+            object.__setattr__(self, "output_shapes", _meta_output_shapes(self.reference))
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The problem's size dimensions (its int entries), in shape-syntax order."""
+        return _size_dims(self.test_problems["probe"])
+
+    def check(self, problem: dict, dtype: str, config: TunableConfig, target) -> TilePlan:
+        """The tile plan for ``problem`` in ``dtype`` with ``config`` on ``target``.
+
+        Raises:
+            LimitError: the dtype is not the op's, the config cannot run the problem, or its
+                plan holds more SBUF bytes per partition or PSUM banks than the target has.
+        """
+        tg = target_from_name(target)
+        if dtype not in self.dtypes:
+            raise LimitError(
+                self.name, "dtype", f"must be one of {self.dtypes}", dtype, limit=self.dtypes
+            )
+        for dim in self.dims:
+            if not isinstance(problem.get(dim), int) or problem[dim] < 1:
+                raise LimitError(self.name, dim, "must be an int >= 1", problem.get(dim), limit=1)
+        plan = self.plan(problem, dtype, config, tg)
+        banks = usable_psum_banks(tg)
+        if plan.psum_banks > banks:
+            raise LimitError(
+                self.name,
+                "PSUM banks",
+                f"must be <= {banks} ({tg.name})",
+                plan.psum_banks,
+                limit=banks,
+                hint=self.budget_hints.get("psum", "choose smaller blocks"),
+            )
+        if plan.sbuf_bytes > tg.sbuf_usable_bytes:
+            raise LimitError(
+                self.name,
+                "SBUF bytes per partition",
+                f"must be <= {tg.sbuf_usable_bytes} ({tg.name})",
+                plan.sbuf_bytes,
+                limit=tg.sbuf_usable_bytes,
+                hint=self.budget_hints.get("sbuf", "choose smaller tiles or blocks"),
+            )
+        return plan
+
+    def is_valid(self, problem: dict, dtype: str, config: TunableConfig, target) -> bool:
         try:
             self.check(problem, dtype, config, target)
         except LimitError:
             return False
         return True
+
+
+def _size_dims(problem: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(k for k, v in problem.items() if isinstance(v, int) and not isinstance(v, bool))
+
+
+def _shape_parser(op: str, dims: tuple[str, ...]) -> Callable[[str], dict]:
+    syntax = "x".join(d.upper() for d in dims)
+
+    def parse_shape(text: str) -> dict:
+        """``"<d0>x<d1>..."`` -> problem dict (positive ints in the op's dimension order)."""
+        parts = str(text).lower().replace(",", "x").split("x")
+        if len(parts) != len(dims) or not all(p.strip().isdigit() for p in parts):
+            raise LimitError(op, "shape", f"must be {syntax} ({len(dims)} positive ints)", text)
+        return {d: int(p) for d, p in zip(dims, parts)}
+
+    return parse_shape
+
+
+def _pow2_bucket(problem: dict) -> str:
+    """Each size rounded up to a power of two (at least 128), other entries as they are:
+    configs transfer within a bucket."""
+
+    def key(v: Any) -> str:
+        if isinstance(v, bool) or not isinstance(v, int):
+            return str(v).lower()
+        return str(max(128, 1 << (max(1, v) - 1).bit_length()))
+
+    return "_".join(f"{d}{key(v)}" for d, v in problem.items())
+
+
+def _meta_output_shapes(reference: Callable[..., Any]) -> Callable[..., list]:
+    def output_shapes(*args) -> list:
+        """Shapes and dtypes of the reference's outputs, computed on meta tensors."""
+        import torch
+
+        metas = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+        out = reference(*metas, upcast=False)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        return [(tuple(o.shape), o.dtype) for o in outs]
+
+    return output_shapes
 
 
 REGISTRY: dict[str, OpSpec] = {}

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["assert_within_tolerance", "interpreter_runner_for", "run_kernel"]
+__all__ = ["InterpreterRunner", "assert_within_tolerance", "interpreter_runner_for", "run_kernel"]
 
 
 def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: str = "") -> None:
@@ -41,25 +41,33 @@ def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: 
         )
 
 
-def interpreter_runner_for(
-    target: str | None = None, compute: bool = True, runs: list | None = None
-):
-    """A runner executing kernels on our interpreter for ``target``; keeps each ``Run`` in
-    ``runs`` when given (trace and memory peaks)."""
-    from neuron_kernels.interpreter import run
+class InterpreterRunner:
+    """A :class:`~neuron_kernels.kernels.spec.Runner` that executes kernels on our interpreter
+    for ``target``, whichever ``nki`` the kernel's module bound at import; keeps each
+    :class:`~neuron_kernels.interpreter.Run` (trace and memory peaks) in ``runs`` when given."""
 
-    def runner(kernel, *args, **kwargs):
-        result = run(kernel, args, kwargs, target=target, compute=compute)
-        if runs is not None:
-            runs.append(result)
+    def __init__(self, target=None, compute: bool = True, runs: list | None = None) -> None:
+        from neuron_kernels.hardware import default_target, target_from_name
+
+        self.target = target_from_name(target) if target is not None else default_target()
+        self.compute = compute
+        self.runs = runs
+
+    def __call__(self, kernel, *args, **kwargs):
+        from neuron_kernels.interpreter import run
+
+        result = run(kernel, args, kwargs, target=self.target, compute=self.compute)
+        if self.runs is not None:
+            self.runs.append(result)
         return result.outputs
 
-    return runner
+
+def interpreter_runner_for(target=None, compute: bool = True, runs: list | None = None):
+    """An :class:`InterpreterRunner` for ``target`` (default: the interpreter's default)."""
+    return InterpreterRunner(target, compute=compute, runs=runs)
 
 
-def run_kernel(
-    spec, args: tuple, config=None, target: str | None = None, runs: list | None = None
-) -> Any:
-    """``spec.launch`` on the interpreter with ``config`` (default: the op's default)."""
+def run_kernel(spec, args: tuple, config=None, target=None, runs: list | None = None) -> Any:
+    """``spec.run_kernels`` on the interpreter with ``config`` (default: the op's default)."""
     config = config if config is not None else spec.config.default()
-    return spec.launch(*args, config=config, runner=interpreter_runner_for(target, runs=runs))
+    return spec.run_kernels(*args, config=config, runner=InterpreterRunner(target, runs=runs))

@@ -1,7 +1,7 @@
 """Generate every ``torch.library`` facet of an op from its :class:`OpSpec`.
 
 One call, :func:`register_op`, makes ``torch.ops.neuron.<name>``: the custom op (schema
-inferred from the type hints of ``spec.launch``), its fake impl (from ``output_shapes``),
+inferred from the type hints of ``spec.run_kernels``), its fake impl (from ``output_shapes``),
 its autograd (``spec.autograd``) and its ``neuron``-device kernel. There is no parallel
 ``autograd.Function``.
 """
@@ -12,7 +12,6 @@ import inspect
 
 import torch
 
-from neuron_kernels.hardware import default_target
 from neuron_kernels.kernels.spec import OpSpec
 from neuron_kernels.torch_ops import neuron_device, routing
 
@@ -23,8 +22,8 @@ _REGISTERED: dict[str, object] = {}
 
 
 def op_signature(spec: OpSpec) -> inspect.Signature:
-    """The op's signature: ``spec.launch`` without its ``config`` and ``runner`` parameters."""
-    sig = inspect.signature(spec.launch)
+    """The op's signature: ``spec.run_kernels`` without its ``config`` and ``runner`` parameters."""
+    sig = inspect.signature(spec.run_kernels)
     params = [
         p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
         for p in sig.parameters.values()
@@ -53,8 +52,9 @@ def register_op(spec: OpSpec):
         spec.validate(*args)
         device = _tensors(args)[0].device
         if device.type == "cpu" and routing.current_cpu_mode() == "interpret":
-            choice = routing.select_config(spec, args, default_target().name)
-            return spec.launch(*args, config=choice.config, runner=routing.interpreter_runner)
+            runner = routing.cpu_runner()
+            choice = routing.select_config(spec, args, runner.target)
+            return spec.run_kernels(*args, config=choice.config, runner=runner)
         return spec.reference(*args, upcast=False)
 
     default_impl.__signature__ = sig
@@ -77,8 +77,9 @@ def register_op(spec: OpSpec):
     def neuron_impl(*args, **kwargs):
         args = bind(args, kwargs)
         spec.validate(*args)
-        choice = routing.select_config(spec, args, neuron_device.device_target())
-        return spec.launch(*args, config=choice.config, runner=neuron_device.device_runner)
+        runner = neuron_device.device_runner()
+        choice = routing.select_config(spec, args, runner.target)
+        return spec.run_kernels(*args, config=choice.config, runner=runner)
 
     op.register_kernel(neuron_device.device_key(), neuron_impl)
 

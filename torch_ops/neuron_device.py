@@ -9,11 +9,19 @@ through plain ``torch.library`` on that dispatch key and call the ``@nki.jit`` k
 from __future__ import annotations
 
 import importlib
-import os
 
 import torch
 
-__all__ = ["device_key", "device_runner", "device_target", "torch_neuronx_available"]
+from neuron_kernels.hardware import Target, default_target
+from neuron_kernels.kernels.spec import FunctionRunner
+
+__all__ = [
+    "call_jitted",
+    "device_key",
+    "device_runner",
+    "device_target",
+    "torch_neuronx_available",
+]
 
 
 def torch_neuronx_available() -> bool:
@@ -30,13 +38,16 @@ def device_key() -> str:
     return torch._C._get_privateuse1_backend_name()
 
 
-def device_target() -> str:
+def device_target() -> Target:
     """The Trainium generation of this node (``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn2)."""
-    from neuron_kernels.hardware import target_from_name
-
-    return target_from_name(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or "trn2").name
+    return default_target()
 
 
-def device_runner(kernel, *args, **kwargs):
+def call_jitted(kernel, *args, **kwargs):
     """Run one jitted NKI kernel on ``neuron`` tensors (compiled by neuronx-cc)."""
     return kernel(*args, **kwargs)
+
+
+def device_runner() -> FunctionRunner:
+    """The runner for ``neuron`` tensors: the jitted kernels, planned for this node's target."""
+    return FunctionRunner(call_jitted, device_target())

@@ -13,8 +13,17 @@ import os
 
 from neuron_kernels.autotune import results
 from neuron_kernels.errors import LimitError
+from neuron_kernels.hardware import default_target, target_from_name
+from neuron_kernels.kernels.spec import FunctionRunner, dtype_name
 
-__all__ = ["CPU_MODE_ENV", "cpu_mode", "current_cpu_mode", "interpreter_runner", "select_config"]
+__all__ = [
+    "CPU_MODE_ENV",
+    "cpu_mode",
+    "cpu_runner",
+    "current_cpu_mode",
+    "interpreter_runner",
+    "select_config",
+]
 
 CPU_MODE_ENV = "NEURON_KERNELS_CPU"
 CPU_MODES = ("reference", "interpret")
@@ -58,7 +67,17 @@ def interpreter_runner(kernel, *args, **kwargs):
     return nki.simulate(kernel)(*args, **kwargs)
 
 
-def select_config(spec, args, target: str) -> results.ConfigChoice:
+def cpu_runner() -> FunctionRunner:
+    """The runner for CPU tensors in ``interpret`` mode, for the interpreter's default target
+    (``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn2). It calls :func:`interpreter_runner`
+    by name at each call, so tests can count the kernels it runs."""
+    return FunctionRunner(
+        lambda kernel, *a, **kw: interpreter_runner(kernel, *a, **kw), default_target()
+    )
+
+
+def select_config(spec, args, target) -> results.ConfigChoice:
     """The tuned config for this call's problem, dtype and target, else the default."""
-    dtype = str(args[0].dtype).removeprefix("torch.")
-    return results.lookup(spec, spec.problem(*args), dtype, target)
+    return results.lookup(
+        spec, spec.problem(*args), dtype_name(args[0]), target_from_name(target).name
+    )

@@ -97,7 +97,7 @@ def main(args) -> int:
         print(f"profile: {exc}", file=sys.stderr)
         return 2
     inputs = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(0))
-    spec.launch(*inputs, config=config, runner=profiler)
+    spec.run_kernels(*inputs, config=config, runner=profiler)
     report = profiler.report()
     print(
         f"op {spec.name}  shape {args.shape}  dtype {dtype}  config {json.dumps(config.to_dict())}"

@@ -167,7 +167,9 @@ def test_accepted_configs_fit_the_hardware_at_scale(name):
             return
         args = _inputs(spec, problem, dtype)
         try:
-            spec.launch(*args, config=config, runner=interpreter_runner_for(target, compute=False))
+            spec.run_kernels(
+                *args, config=config, runner=interpreter_runner_for(target, compute=False)
+            )
         except NkiValidationError as exc:
             pytest.fail(
                 f"spec.check accepted {config} for {problem} {dtype} on {target}, "
