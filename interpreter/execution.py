@@ -13,6 +13,7 @@ import functools
 import inspect
 import itertools
 import textwrap
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.context import Launch, ProgramInstance, activate
 from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.memory import MemoryPeak, check_capacity
+from neuron_kernels.interpreter.rebind import rebound_to_interpreter, unwrap_kernel
 from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor, wrap_host_array
 from neuron_kernels.interpreter.trace import Trace
 
@@ -38,6 +40,9 @@ class Kernel:
     def __init__(self, fn: Callable, grid: tuple[int, ...] = (), **options: Any) -> None:
         if isinstance(fn, Kernel):
             fn, grid = fn.fn, grid or fn.grid
+        elif not isinstance(fn, types.FunctionType):  # AWS's nki.jit kernel object
+            fn, foreign_grid = unwrap_kernel(fn)
+            grid = grid or foreign_grid
         self.fn = fn
         self.grid = grid
         self.options = options
@@ -106,7 +111,9 @@ def run(
     precise_fp: bool | None = None,
     compute: bool = True,
 ) -> Run:
-    """Run ``kernel`` (a :class:`Kernel` or plain function) on the interpreter.
+    """Run ``kernel`` on the interpreter: a :class:`Kernel`, a plain function, or a kernel
+    jitted by AWS's ``nki`` (its module's NKI names are rebound to the interpreter's for the
+    run, see :mod:`.rebind`).
 
     Args:
         kernel: the kernel, optionally bound to a grid (``kernel[2]``).
@@ -156,7 +163,7 @@ def run(
     ids = list(itertools.product(*(range(g) for g in grid))) if grid else [()]
     for pid in ids:
         sim = ProgramInstance(launch, program_id=pid)
-        with activate(sim):
+        with activate(sim), rebound_to_interpreter(kernel.fn):
             result = kernel.fn(*dev_args, **dev_kwargs)
         _check_outputs(result)
         peaks.append(check_capacity(sim))

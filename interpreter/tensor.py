@@ -218,7 +218,8 @@ class NkiTensor(NKIObject):
         # Without this, Python would iterate through __getitem__(0), (1), ... until an error.
         raise TypeError("NkiTensor is not iterable; index or slice it explicitly")
 
-    # Python arithmetic on tensors is not part of the 0.6 API (nki-api-subset section 3.3).
+    # Python arithmetic on tensors is not part of the 0.6 API (aws-neuron/aws-neuron-sdk
+    # nki/get-started/nki-language-guide.rst: computation goes through nki.isa).
     def _no_arith(self, *_):
         raise not_implemented(
             "NkiTensor arithmetic operators (use nisa.tensor_tensor / tensor_scalar)"

@@ -188,7 +188,6 @@ def test_cli_demo_other_target_and_bad_option(tmp_path):
     assert "invalid choice: 'trn9'" in bad.stderr
 
 
-@pytest.mark.skipif(demo.backend.name != "interpreter", reason="the demo needs the interpreter")
 def test_demo_returns_nonzero_on_a_mismatch(monkeypatch, capsys):
     """With an impossible tolerance the matmul check fails and main says so."""
     monkeypatch.setattr(demo, "TOLERANCE_SCALE", 0.0)

@@ -35,7 +35,8 @@ ENGINE_NAME = {
     Engine.sync: "sync",
 }
 
-# What each engine may read and write (nki-api-subset section 6.2).
+# What each engine may read and write: the per-op "Memory types" of
+# aws-neuron/aws-neuron-sdk nki/api/nki/isa/__init__.py.
 ENGINE_READS = {"tensor": SBUF, "vector": ON_CHIP, "scalar": ON_CHIP, "gpsimd": SBUF}
 ENGINE_WRITES = {"tensor": PSUM, "vector": ON_CHIP, "scalar": ON_CHIP, "gpsimd": SBUF}
 ENGINE_LABEL = {
