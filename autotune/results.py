@@ -11,8 +11,8 @@ File format (version 1)::
         {
           "shape_bucket": "m1024_n1024_k1024",    # OpSpec.shape_bucket(problem)
           "dtype": "bfloat16",                     # NKI dtype name
-          "kernel_hash": "sha256:...",             # hash of the kernel module's source
-          "model_version": "cost-model-1",         # cost model (modeled) or null (hardware)
+          "kernel_hash": "sha256:...",             # kernel_hash(spec): what decides its instructions
+          "model_version": "1",                    # cost model version (modeled) or null (hardware)
           "source": "modeled",                     # "modeled" (cost model) | "hardware" (Trn run)
           "config": {"block_m": 4, ...},
           "metric": {"latency_us": 123.4},         # labelled by "source"
@@ -22,15 +22,21 @@ File format (version 1)::
       ]
     }
 
-An entry applies only when every key matches (op, target, shape bucket, dtype, kernel
-hash). A corrupt file, or an entry tuned for another version of the kernel, falls back to
-the op's default config with one warning; a plain miss falls back silently (logged once).
+An entry applies only when every key matches: op, target, shape bucket, dtype, kernel
+hash, and for a modeled entry the cost-model version (``COST_MODEL_VERSION``) that ranked
+it. Every field is checked by type before use. A corrupt file, an entry of the wrong
+type, or one tuned for another kernel or cost model falls back to the op's default config
+with one warning; a plain miss falls back silently (logged once).
+
+The kernel hash covers what changes the instructions a kernel issues: the code of the
+op's kernels, its ``plan`` and ``run_kernels``, the helpers they reach by name inside
+``neuron_kernels.kernels`` and ``neuron_kernels.hardware``, and the module constants they
+read; comments, docstrings, tolerances and tests are outside it
+(:func:`neuron_kernels.fingerprint.kernel_fingerprint`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import logging
 import os
@@ -40,7 +46,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from neuron_kernels._version import COST_MODEL_VERSION
 from neuron_kernels.errors import LimitError
+from neuron_kernels.fingerprint import kernel_fingerprint
 
 __all__ = [
     "FORMAT",
@@ -86,7 +94,14 @@ def perf_results_dir() -> Path:
     """``$NEURON_KERNELS_PERF_RESULTS`` if set, else the ``perf_results/`` shipped with the package."""
     env = os.environ.get(PERF_RESULTS_ENV)
     if env:
-        return Path(env)
+        path = Path(env)
+        if not path.is_dir():
+            what = "a file" if path.exists() else "missing"
+            _warn_once(
+                ("env", env),
+                f"{PERF_RESULTS_ENV}={env} is {what}, not a folder; every op uses its default config",
+            )
+        return path
     return Path(str(resources.files("neuron_kernels.perf_results")))
 
 
@@ -94,19 +109,14 @@ def results_path(op: str, target: str, root: Path | None = None) -> Path:
     return (root or perf_results_dir()) / target / f"{op}.json"
 
 
-def kernel_hash(spec) -> str:
-    """sha256 of the source of the modules defining the op's kernels (a tuned config is
-    only valid for the kernel code it was tuned on)."""
-    digest = hashlib.sha256()
-    modules = sorted(
-        {inspect.getmodule(getattr(k, "fn", k)).__name__ for k in spec.kernels}
-        or {spec.launch.__module__}
-    )
-    for name in modules:
-        import sys
+HASHED_PACKAGES = ("neuron_kernels.kernels", "neuron_kernels.hardware")
 
-        digest.update(inspect.getsource(sys.modules[name]).encode())
-    return "sha256:" + digest.hexdigest()[:16]
+
+def kernel_hash(spec) -> str:
+    """Hash of what decides the op's instructions (see the module docstring): a tuned config
+    is valid only for the kernel code it was tuned on."""
+    roots = [*spec.kernels, spec.plan, spec.run_kernels]
+    return "sha256:" + kernel_fingerprint(roots, HASHED_PACKAGES)
 
 
 @dataclass(frozen=True)
@@ -118,12 +128,44 @@ class ConfigChoice:
     entry: dict | None = None
 
 
+_ENTRY_FIELDS = {  # field: (types, required)
+    "shape_bucket": ((str,), True),
+    "dtype": ((str,), True),
+    "kernel_hash": ((str,), True),
+    "source": ((str,), True),
+    "config": ((dict,), True),
+    "model_version": ((str, type(None)), False),
+    "metric": ((dict,), False),
+    "trials": ((int,), False),
+    "created": ((str,), False),
+}
+
+
+def _check_entry(i: int, e: Any) -> None:
+    if not isinstance(e, dict):
+        raise ValueError(f"entry {i} must be an object, got {type(e).__name__} {e!r}")
+    missing = sorted(k for k, (_, required) in _ENTRY_FIELDS.items() if required and k not in e)
+    if missing:
+        raise ValueError(f"entry {i} lacks {missing}")
+    for key, (types, _) in _ENTRY_FIELDS.items():
+        if key in e and (not isinstance(e[key], types) or isinstance(e[key], bool)):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ValueError(f"entry {i} {key!r} must be {names}, got {e[key]!r}")
+    if e["source"] not in SOURCES:
+        raise ValueError(f"entry {i} 'source' must be one of {SOURCES}, got {e['source']!r}")
+    if e["source"] == "modeled" and not isinstance(e.get("model_version"), str):
+        raise ValueError(f"entry {i} is modeled, so 'model_version' must be a string")
+    bad_keys = [k for k in e["config"] if not isinstance(k, str)]
+    if bad_keys:
+        raise ValueError(f"entry {i} 'config' keys must be strings, got {bad_keys!r}")
+
+
 def load_entries(path: Path, op: str, target: str) -> list[dict]:
     """Entries of one results file; raises ValueError describing what is wrong with it."""
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"'format' must be {FORMAT!r}")
-    if data.get("version") != VERSION:
+    if data.get("version") != VERSION or isinstance(data.get("version"), bool):
         raise ValueError(f"'version' must be {VERSION}, got {data.get('version')!r}")
     if data.get("op") != op or data.get("target") != target:
         raise ValueError(
@@ -133,11 +175,7 @@ def load_entries(path: Path, op: str, target: str) -> list[dict]:
     if not isinstance(entries, list):
         raise ValueError("'entries' must be a list")
     for i, e in enumerate(entries):
-        missing = {"shape_bucket", "dtype", "kernel_hash", "source", "config"} - set(e)
-        if missing:
-            raise ValueError(f"entry {i} lacks {sorted(missing)}")
-        if e["source"] not in SOURCES:
-            raise ValueError(f"entry {i} 'source' must be one of {SOURCES}, got {e['source']!r}")
+        _check_entry(i, e)
     return entries
 
 
@@ -175,6 +213,18 @@ def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = Non
             f"kernel ({matches[0]['kernel_hash']} != {current}); using the default config",
         )
         return default
+    fresh_model = [
+        e for e in fresh if e["source"] == "hardware" or e["model_version"] == COST_MODEL_VERSION
+    ]
+    if not fresh_model:
+        _warn_once(
+            ("stale-model", str(path), bucket, dtype),
+            f"{path}: the entry for {bucket} {dtype} was ranked by cost model "
+            f"{fresh[0]['model_version']!r}, not the current {COST_MODEL_VERSION!r}; "
+            "using the default config",
+        )
+        return default
+    fresh = fresh_model
     best = sorted(fresh, key=lambda e: SOURCES.index(e["source"]))[-1]  # hardware beats modeled
     try:
         config = spec.config.from_dict(best["config"])
@@ -192,6 +242,7 @@ def write_entry(spec, entry: dict, target: str, root: Path | None = None) -> Pat
     """Add or replace (same bucket, dtype and source) an entry; returns the file written."""
     if entry.get("source") not in SOURCES:
         raise ValueError(f"entry 'source' must be one of {SOURCES}, got {entry.get('source')!r}")
+    _check_entry(0, entry)
     path = results_path(spec.name, target, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     entries = load_entries(path, spec.name, target) if path.exists() else []

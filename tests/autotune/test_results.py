@@ -34,7 +34,7 @@ def _entry(**overrides):
         "shape_bucket": SPEC.shape_bucket(PROBLEM),
         "dtype": "bfloat16",
         "kernel_hash": results.kernel_hash(SPEC),
-        "model_version": "test",
+        "model_version": results.COST_MODEL_VERSION,
         "source": "modeled",
         "config": dict(TUNED),
         "metric": {"latency_us": 1.0},
@@ -128,3 +128,84 @@ def test_env_var_points_the_store_elsewhere(tmp_path, monkeypatch):
     assert results.perf_results_dir() == tmp_path
     monkeypatch.delenv(results.PERF_RESULTS_ENV)
     assert (results.perf_results_dir() / "__init__.py").exists()
+
+
+def _file_with(entries):
+    return json.dumps(
+        {
+            "format": results.FORMAT,
+            "version": 1,
+            "op": "matmul",
+            "target": "trn2",
+            "entries": entries,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [1],
+        [None],
+        [{**_entry(), "config": ["block_m"]}],
+        [{**_entry(), "trials": True}],
+        [{**_entry(), "model_version": None}],  # a modeled entry must say which model ranked it
+    ],
+    ids=["number", "null", "config-list", "trials-bool", "modeled-without-version"],
+)
+def test_entries_of_the_wrong_type_fall_back_with_one_warning(tmp_path, entries):
+    (tmp_path / "trn2").mkdir()
+    (tmp_path / "trn2" / "matmul.json").write_text(_file_with(entries))
+    choice, said = _lookup(tmp_path)
+    assert choice.source == "default" and len(said) == 1 and "unreadable" in str(said[0].message)
+    _, said_again = _lookup(tmp_path)
+    assert said_again == []
+
+
+@pytest.mark.parametrize("value", [4.0, True], ids=["float", "bool"])
+def test_config_values_of_the_wrong_type_fall_back(tmp_path, value):
+    (tmp_path / "trn2").mkdir()
+    entry = _entry(config={**TUNED, "block_m": value})
+    (tmp_path / "trn2" / "matmul.json").write_text(_file_with([entry]))
+    choice, said = _lookup(tmp_path)
+    assert choice.source == "default" and len(said) == 1 and "not usable" in str(said[0].message)
+
+
+def test_entry_ranked_by_another_cost_model_falls_back(tmp_path):
+    results.write_entry(SPEC, _entry(model_version="0"), "trn2", tmp_path)
+    choice, said = _lookup(tmp_path)
+    assert choice.source == "default" and len(said) == 1 and "cost model" in str(said[0].message)
+
+
+def test_hardware_entries_need_no_model_version(tmp_path):
+    results.write_entry(SPEC, _entry(source="hardware", model_version=None), "trn2", tmp_path)
+    choice, said = _lookup(tmp_path)
+    assert choice.source == "hardware" and not said
+
+
+@pytest.mark.parametrize("kind", ["file", "missing"])
+def test_env_var_that_is_not_a_folder_warns_once(tmp_path, monkeypatch, kind):
+    target = tmp_path / "store"
+    if kind == "file":
+        target.write_text("{}")
+    monkeypatch.setenv(results.PERF_RESULTS_ENV, str(target))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results.lookup(SPEC, PROBLEM, "bfloat16", "trn2")
+        results.lookup(SPEC, PROBLEM, "bfloat16", "trn2")
+    said = [w for w in caught if issubclass(w.category, results.PerfResultsWarning)]
+    assert len(said) == 1 and results.PERF_RESULTS_ENV in str(said[0].message)
+
+
+def test_kernel_hash_ignores_tolerances_and_docstrings_but_not_code():
+    import dataclasses
+
+    before = results.kernel_hash(SPEC)
+    loose = dataclasses.replace(SPEC, tolerances={"float32": (1.0, 1.0)})
+    assert results.kernel_hash(loose) == before
+
+    def other_run_kernels(a, b, *, config, runner):
+        return runner(matmul.forward, a, b, None)
+
+    changed = dataclasses.replace(SPEC, run_kernels=other_run_kernels)
+    assert results.kernel_hash(changed) != before
