@@ -1,8 +1,21 @@
 """Cost-model parameters per target: one table, every value with its source and confidence.
 
-The cost model (:mod:`neuron_kernels.cost_model.schedule`) reads nothing else. Values come
-from ``shared/docs/trainium-performance-model.md`` (cited as "perf-model §x"), which cites the
-AWS documents; "[D]" marks arithmetic on cited numbers, "[U]" a value no source states.
+The cost model (:mod:`neuron_kernels.cost_model.schedule`) reads nothing else.
+Sources are AWS's public documents, cited by key; all are files of the repository
+aws-neuron/aws-neuron-sdk:
+
+* [arch-v2] nki/guides/architecture/trainium_inferentia2_arch.rst (NeuronCore-v2)
+* [arch-v3] nki/guides/architecture/trainium2_arch.rst (NeuronCore-v3, Trn2)
+* [arch-v4] nki/guides/architecture/trainium3_arch.rst (NeuronCore-v4, Trn3)
+* [isa] nki/api/nki/isa/__init__.py; [isa-old] the same file at 1db4d74e (2025-10), whose
+  "Estimated instruction cost" sections have since been removed
+* [perf] nki/deep-dives/nki_perf_guide.rst
+* [dma-bw] nki/deep-dives/nki-dma-bandwidth-guide.rst
+* [dma-intro] nki/get-started/about/nki-dma-overview.rst
+* [mem] nki/get-started/about/memory-hierarchy-overview.rst
+* [mm-tut-old] nki/tutorials/matrix_multiplication.rst at 1db4d74e (the measured table)
+
+"[D]" marks arithmetic on cited numbers, "[U]" a value no source states.
 Confidence: "high" (stated by AWS and checked against a measurement), "medium" (stated, or
 derived from one measurement), "low" (a guess or a fit; recalibrate these first).
 
@@ -40,26 +53,26 @@ _COMMON: dict[str, Param] = {
     "mm_min_cycles": _p(
         64,
         "PE cycles",
-        "perf-model §2.2: MM_INIT_LATENCY 64 cycles (NC-v2 arch guide); "
+        "[arch-v2]; [isa-old]: MM_INIT_LATENCY 64 cycles ([arch-v2]); "
         "isa-old max(min(64, N_stat), N_mov); assumed for v3/v4 [U]",
         "medium",
     ),
     "fp32_mm_factor": _p(
         4.0,
         "x",
-        "perf-model §2.2 'FP32 ~4x'; A2-A5 TensorE 2,063 vs 4x512 cycles per tile (<1%)",
+        "[arch-v2]; [isa-old] 'FP32 ~4x'; A2-A5 TensorE 2,063 vs 4x512 cycles per tile (<1%)",
         "high",
     ),
     "fp32_transpose_factor": _p(
         2.0,
         "x",
-        "perf-model §2.2: NC-v3 transpose mode 2x faster for FP32 than the 4x matmul rate",
+        "[arch-v2]; [isa-old]: NC-v3 transpose mode 2x faster for FP32 than the 4x matmul rate",
         "medium",
     ),
     "ls_speedup": _p(
         4.0,
         "x",
-        "perf-model §2.2 'Fast LoadStationary up to 4x faster than MM'; LS of "
+        "[arch-v2]; [isa-old] 'Fast LoadStationary up to 4x faster than MM'; LS of "
         "the next matmul hides behind the current MM",
         "medium",
     ),
@@ -72,7 +85,10 @@ _COMMON: dict[str, Param] = {
     ),
     # VectorE / ScalarE / GpSimdE ---------------------------------------------------------
     "min_ii_cycles": _p(
-        64, "engine cycles", "perf-model §2.3: MIN_II ~64 cycles (isa-old)", "medium"
+        64,
+        "engine cycles",
+        "[arch-v2]; [isa-old]; [arch-v3]: MIN_II ~64 cycles ([isa-old])",
+        "medium",
     ),
     "engine_latency_cycles": _p(
         200,
@@ -85,45 +101,48 @@ _COMMON: dict[str, Param] = {
     "stride_penalty": _p(
         2.0,
         "x",
-        "perf-model §2.6: innermost stride > 16 B halves SBUF/PSUM "
+        "[arch-v2]: innermost stride > 16 B halves SBUF/PSUM "
         "bandwidth (NC-v2); assumed for v3/v4 [U]",
         "medium",
     ),
-    "stride_threshold_bytes": _p(16, "bytes", "perf-model §2.6 (NC-v2 arch guide)", "medium"),
+    "stride_threshold_bytes": _p(16, "bytes", "[arch-v2] ([arch-v2])", "medium"),
     "dve_perf_mode": _p(
         False,
         "bool",
-        "perf-model §2.3: NC-v3 VectorE performance mode (4x/2x for BF16/FP16); none on NC-v2",
+        "[arch-v2]; [isa-old]; [arch-v3]: NC-v3 VectorE performance mode (4x/2x for BF16/FP16); none on NC-v2",
         "high",
     ),
     "act_fast_bf16": _p(
         False,
         "bool",
-        "perf-model §2.4: NC-v4 2x BF16/FP16 tensor_copy/tensor_scalar on ScalarE; none before",
+        "[perf]; [arch-v2]; [isa-old]: NC-v4 2x BF16/FP16 tensor_copy/tensor_scalar on ScalarE; none before",
         "medium",
     ),
     "act_reduce_cycles": _p(
         64,
         "ACT cycles",
-        "perf-model §2.4: ActReadAccumulator ~64 cycles (activation_reduce = activate + MIN_II)",
+        "[perf]; [arch-v2]; [isa-old]: ActReadAccumulator ~64 cycles (activation_reduce = activate + MIN_II)",
         "medium",
     ),
     "act_table_switch_ns": _p(
         1300.0,
         "ns",
         "[U] unpublished; activation tables are loaded by DMA "
-        "(perf-model §2.4), so one DMA latency (~1.3 us, §2.8) is assumed",
+        "([perf]; [arch-v2]; [isa-old]), so one DMA latency (~1.3 us, [arch-v2]; [dma-bw]) is assumed",
         "low",
     ),
     "pool_start_cycles": _p(
         150,
         "POOL cycles",
-        "perf-model §2.5: GPSIMD_START ~150 cycles (isa-old iota/affine_select 150 + N)",
+        "[arch-v2]; [isa-old]: GPSIMD_START ~150 cycles (isa-old iota/affine_select 150 + N)",
         "medium",
     ),
     # DMA ---------------------------------------------------------------------------------
     "dma_engines": _p(
-        16, "engines", "perf-model §1.5: 16 DMA engines per core; 8 partitions each", "high"
+        16,
+        "engines",
+        "[dma-bw]; [dma-intro]; [arch-v2]: 16 DMA engines per core; 8 partitions each",
+        "high",
     ),
     "dma_descriptor_bytes": _p(
         64,
@@ -136,27 +155,27 @@ _COMMON: dict[str, Param] = {
     "dma_latency_ns": _p(
         1300.0,
         "ns",
-        "perf-model §2.7/§2.8: semaphore-to-start latency ~1,300 ns "
+        "[dma-bw]; [arch-v3]; [arch-v2]: semaphore-to-start latency ~1,300 ns "
         "(DMA bandwidth guide); a latency, hidden when transfers are queued early",
         "medium",
     ),
     "dma_transpose_hbm_eff": _p(
         0.9,
         "x of copy rate",
-        "perf-model §2.7: HBM->SBUF DMA transpose up to 90% of copy throughput (Trn2 arch guide)",
+        "[dma-bw]; [arch-v3]: HBM->SBUF DMA transpose up to 90% of copy throughput ([arch-v3])",
         "medium",
     ),
     "dma_transpose_sbuf_eff": _p(
         0.5,
         "x of copy rate",
-        "perf-model §2.7: SBUF->SBUF DMA transpose up to 50% (Trn2 arch guide)",
+        "[dma-bw]; [arch-v3]: SBUF->SBUF DMA transpose up to 50% ([arch-v3])",
         "medium",
     ),
     "swdge_issue_cycles": _p(
         150,
         "POOL cycles",
         "[U] software DGE builds descriptors on GpSimd "
-        "(perf-model §2.5); one GpSimd instruction start (~150 cycles) per DMA "
+        "([arch-v2]; [isa-old]); one GpSimd instruction start (~150 cycles) per DMA "
         "assumed; the profiles of A2/A3 show short GpSimd ticks per DMA",
         "low",
     ),
@@ -169,8 +188,8 @@ _COMMON: dict[str, Param] = {
     "hwdge_issue_ns": _p(
         600.0,
         "ns",
-        "perf-model §2.7: each hardware-DGE DMA instruction takes ~600 ns "
-        "on NC-v3 (Trn2 arch guide); runs beside the trigger engine's datapath",
+        "[dma-bw]; [arch-v3]: each hardware-DGE DMA instruction takes ~600 ns "
+        "on NC-v3 ([arch-v3]); runs beside the trigger engine's datapath",
         "medium",
     ),
     "dma_queue_split": _p(
@@ -178,18 +197,18 @@ _COMMON: dict[str, Param] = {
         "bool",
         "[U] loads and stores sit in different DMA queues (the compiler "
         "does not block input prefetch behind an output store); in order within a "
-        "queue (perf-model §1.5)",
+        "queue ([dma-bw]; [dma-intro]; [arch-v2])",
         "low",
     ),
     # Synchronisation and fixed costs -----------------------------------------------------
     "sync_ns": _p(
-        64.0, "ns", "[U] cross-engine semaphore latency, unpublished (perf-model §2.8)", "low"
+        64.0, "ns", "[U] cross-engine semaphore latency, unpublished ([arch-v2]; [dma-bw])", "low"
     ),
     "launch_ns": _p(
         0.0,
         "ns",
         "[U] kernel launch overhead, unpublished and harness-dependent "
-        "(perf-model §5.5); cancels when ranking configs of one kernel",
+        "([U]); cancels when ranking configs of one kernel",
         "low",
     ),
     "sbuf_allocator": _p(
@@ -206,27 +225,25 @@ _COMMON: dict[str, Param] = {
     "psum_allocator": _p(
         "lru",
         "policy",
-        "PSUM has 8 banks of 2 KiB and no spill path (perf-model §1.4, "
-        "§2.9): tiles are placed in the least recently freed bank(s), so a matmul into a "
+        "PSUM has 8 banks of 2 KiB and no spill path ([arch-v2]; [mem], "
+        "[arch-v2]; [perf]): tiles are placed in the least recently freed bank(s), so a matmul into a "
         "reused bank waits until the bank's previous tile was evacuated",
         "medium",
     ),
 }
 
 _TRN1: dict[str, Param] = {
-    "pe_ghz": _p(
-        2.8, "GHz", "perf-model §1.2 (NC-v2 arch guide); A1 opt3 near the 5.99 ms floor", "high"
-    ),
-    "dve_ghz": _p(1.12, "GHz", "perf-model §1.2 (NC-v2 arch guide)", "high"),
-    "act_ghz": _p(1.4, "GHz", "perf-model §1.2 (NC-v2 arch guide)", "high"),
-    "pool_ghz": _p(1.4, "GHz", "perf-model §1.2 (NC-v2 arch guide)", "high"),
+    "pe_ghz": _p(2.8, "GHz", "([arch-v2]); A1 opt3 near the 5.99 ms floor", "high"),
+    "dve_ghz": _p(1.12, "GHz", "([arch-v2])", "high"),
+    "act_ghz": _p(1.4, "GHz", "([arch-v2])", "high"),
+    "pool_ghz": _p(1.4, "GHz", "([arch-v2])", "high"),
     "fp32_transpose_factor": _p(
-        4.0, "x", "perf-model §2.2: NC-v2 transposes as an FP32 matmul (4x)", "medium"
+        4.0, "x", "[arch-v2]; [isa-old]: NC-v2 transposes as an FP32 matmul (4x)", "medium"
     ),
     "dma_engine_gbps": _p(
         29.0,
         "GB/s",
-        "perf-model §1.5: 27 GiB/s per engine (NC-v2 arch guide); the "
+        "[dma-bw]; [dma-intro]; [arch-v2]: 27 GiB/s per engine ([arch-v2]); the "
         "DMA guide's 17 B/ns disagrees [U]",
         "medium",
     ),
@@ -242,30 +259,32 @@ _TRN1: dict[str, Param] = {
         "[D] sustained HBM<->SBUF rate of one Trn1 core in the only "
         "published Trn1 NKI measurement: A1 bytes moved / latency = 104.9, 103.1, 103.4, "
         "105.9 GB/s for the four variants (256 B to 4 KiB rows; mean 104.3). The "
-        "theoretical 272-464 GB/s (perf-model §1.5) is not reached; cause unpublished. "
+        "theoretical 272-464 GB/s ([dma-bw]; [dma-intro]; [arch-v2]) is not reached; cause unpublished. "
         "Taken from the A1 rows, so A1 checks the model's structure, not this value",
         "low",
     ),
     "default_dge": _p(
         "static",
         "mode",
-        "perf-model §1.2: NC-v2 has no hardware DGE; descriptors are "
-        "built on the host (static DMA)",
+        "[arch-v2]: NC-v2 has no hardware DGE; descriptors are built on the host (static DMA)",
         "medium",
     ),
     "hwdge_issue_ns": _p(0.0, "ns", "n/a on NC-v2 (no hardware DGE)", "high"),
 }
 
 _TRN2: dict[str, Param] = {
-    "pe_ghz": _p(
-        2.4, "GHz", "perf-model §1.2 (Trn2 arch guide); A2-A5 TensorE time fits to <1%", "high"
+    "pe_ghz": _p(2.4, "GHz", "([arch-v3]); A2-A5 TensorE time fits to <1%", "high"),
+    "dve_ghz": _p(0.96, "GHz", "([arch-v3])", "high"),
+    "act_ghz": _p(1.2, "GHz", "([arch-v3])", "high"),
+    "pool_ghz": _p(1.2, "GHz", "([arch-v3])", "high"),
+    "dve_perf_mode": _p(
+        True, "bool", "[arch-v2]; [isa-old]; [arch-v3]: NC-v3 VectorE performance mode", "high"
     ),
-    "dve_ghz": _p(0.96, "GHz", "perf-model §1.2 (Trn2 arch guide)", "high"),
-    "act_ghz": _p(1.2, "GHz", "perf-model §1.2 (Trn2 arch guide)", "high"),
-    "pool_ghz": _p(1.2, "GHz", "perf-model §1.2 (Trn2 arch guide)", "high"),
-    "dve_perf_mode": _p(True, "bool", "perf-model §2.3: NC-v3 VectorE performance mode", "high"),
     "dma_engine_gbps": _p(
-        27.2, "GB/s", "perf-model §1.5: 27.2 GB/s theoretical per engine (DMA intro)", "medium"
+        27.2,
+        "GB/s",
+        "[dma-bw]; [dma-intro]; [arch-v2]: 27.2 GB/s theoretical per engine (DMA intro)",
+        "medium",
     ),
     "dma_transfer_ns": _p(
         211.0,
@@ -277,7 +296,7 @@ _TRN2: dict[str, Param] = {
     "dma_core_gbps": _p(
         725.0,
         "GB/s",
-        "perf-model §1.5/§4.1: one HBM stack (~725 GB/s) serves the core "
+        "[dma-bw]; [arch-v3]; [arch-v2]: one HBM stack (~725 GB/s) serves the core "
         "when its sibling is idle (the profiler's MBU denominator); the 16 engines "
         "(435 GB/s) bind first",
         "medium",
@@ -292,16 +311,24 @@ _TRN2: dict[str, Param] = {
 }
 
 _TRN3: dict[str, Param] = {
-    "pe_ghz": _p(2.4, "GHz", "perf-model §1.2 (Trn3 arch guide)", "high"),
-    "dve_ghz": _p(1.2, "GHz", "perf-model §1.2 (Trn3 arch guide)", "high"),
-    "act_ghz": _p(1.2, "GHz", "perf-model §1.2 (Trn3 arch guide)", "high"),
-    "pool_ghz": _p(1.2, "GHz", "perf-model §1.2 (Trn3 arch guide)", "high"),
+    "pe_ghz": _p(2.4, "GHz", "([arch-v4])", "high"),
+    "dve_ghz": _p(1.2, "GHz", "([arch-v4])", "high"),
+    "act_ghz": _p(1.2, "GHz", "([arch-v4])", "high"),
+    "pool_ghz": _p(1.2, "GHz", "([arch-v4])", "high"),
     "dve_perf_mode": _p(
-        True, "bool", "perf-model §2.3: NC-v4 keeps the NC-v3 performance mode [U]", "medium"
+        True,
+        "bool",
+        "[arch-v2]; [isa-old]; [arch-v3]: NC-v4 keeps the NC-v3 performance mode [U]",
+        "medium",
     ),
-    "act_fast_bf16": _p(True, "bool", "perf-model §2.4: NC-v4 2x BF16 mode on ScalarE", "medium"),
+    "act_fast_bf16": _p(
+        True, "bool", "[perf]; [arch-v2]; [isa-old]: NC-v4 2x BF16 mode on ScalarE", "medium"
+    ),
     "dma_engine_gbps": _p(
-        38.4, "GB/s", "perf-model §1.5: 38.4 GB/s theoretical per engine (DMA intro)", "medium"
+        38.4,
+        "GB/s",
+        "[dma-bw]; [dma-intro]; [arch-v2]: 38.4 GB/s theoretical per engine (DMA intro)",
+        "medium",
     ),
     "dma_transfer_ns": _p(
         140.0,
@@ -310,7 +337,9 @@ _TRN3: dict[str, Param] = {
         "32 KiB/38.4 = 140 ns; no Trn3 measurement [U]",
         "low",
     ),
-    "dma_core_gbps": _p(612.0, "GB/s", "[D] perf-model §1.5: 4.9 TB/s HBM / 8 cores", "low"),
+    "dma_core_gbps": _p(
+        612.0, "GB/s", "[D] [dma-bw]; [dma-intro]; [arch-v2]: 4.9 TB/s HBM / 8 cores", "low"
+    ),
     "default_dge": _p("swdge", "mode", "as NC-v3 [U]", "low"),
 }
 

@@ -6,7 +6,7 @@ model, and report latency, engine busy time, FLOP and bandwidth use, and on-chip
     print(report.text())
 
     profiler = Profiler(target="trn2")                # or as an OpSpec runner
-    spec.launch(a, b, config=config, runner=profiler)
+    spec.run_kernels(a, b, config=config, runner=profiler)
     report = profiler.report()
 
 Every number here is *modeled* (interpreter trace + cost model); none is a measurement.
@@ -22,18 +22,19 @@ from typing import Any
 
 from neuron_kernels.cost_model.params import CostParams, params_for
 from neuron_kernels.cost_model.schedule import (
+    ENGINE_LANES,
+    ENGINE_OF_LANE,
     MODEL_VERSION,
     UNIT_LABEL,
     ModeledTimeline,
     model_trace,
 )
-from neuron_kernels.hardware import Target, target_from_name
+from neuron_kernels.hardware import Target, target_from_name, usable_psum_banks
 from neuron_kernels.interpreter.execution import Kernel, Run, run
 
 __all__ = ["profile", "Profiler", "Profile", "LaunchProfile"]
 
 MODELED = "modeled"
-_ENGINE_ROWS = ("pe", "dve", "act", "pool", "sp", "dge_sp", "dge_act")
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Profile:
     def utilization(self) -> dict[str, float]:
         lat = self.latency_ns or 1.0
         busy = self.busy_ns()
-        util = {u: busy.get(u, 0.0) / lat for u in _ENGINE_ROWS}
+        util = {u: busy.get(u, 0.0) / lat for u in ENGINE_LANES}
         dma_busy = sum(sum(lp.timeline.dma_engine_busy_ns) for lp in self.launches)
         util["dma"] = dma_busy / (lat * max(1, int(self.params.dma_engines)))
         util["dma_active"] = sum(lp.timeline.dma_active_ns for lp in self.launches) / lat
@@ -156,7 +157,7 @@ class Profile:
             },
             "kernels": [lp.kernel for lp in self.launches],
             "latency_ns": self.latency_ns,
-            "busy_ns": {u: busy.get(u, 0.0) for u in _ENGINE_ROWS},
+            "busy_ns": {u: busy.get(u, 0.0) for u in ENGINE_LANES},
             "dma_engine_busy_ns": [
                 sum(v) for v in zip(*(lp.timeline.dma_engine_busy_ns for lp in self.launches))
             ],
@@ -172,7 +173,10 @@ class Profile:
             "memory": {
                 **self.memory(),
                 "sbuf_capacity_bytes_per_partition": tgt.sbuf_usable_bytes,
-                "psum_capacity_banks": tgt.psum_num_banks,
+                "psum_capacity_banks": usable_psum_banks(tgt),
+                # buffers the "lru" allocator emulation could not place; each is modeled
+                # as if it had its own memory (0 under the default "unbounded" policy)
+                "alloc_fallbacks": sum(lp.timeline.alloc_fallbacks for lp in self.launches),
             },
             "instructions": {
                 "total": sum(by_engine.values()),
@@ -221,10 +225,9 @@ class Profile:
             f"  {'engine':<16}{'modeled busy':>16}{'modeled util':>14}{'instructions':>14}",
         ]
         by_engine = d["instructions"]["by_engine"]
-        eng_of = {"pe": "tensor", "dve": "vector", "act": "scalar", "pool": "gpsimd", "sp": "sync"}
-        for u in _ENGINE_ROWS:
+        for u in ENGINE_LANES:
             busy = d["busy_ns"].get(u, 0.0)
-            count = by_engine.get(eng_of.get(u, ""), 0)
+            count = by_engine.get(ENGINE_OF_LANE.get(u, ""), 0)
             if busy == 0 and count == 0:
                 continue
             lines.append(
@@ -259,6 +262,13 @@ class Profile:
             f"{mem['sbuf_capacity_bytes_per_partition']:,}",
             f"  modeled PSUM peak               {mem['psum_bytes_per_partition']:,} B/partition, "
             f"{mem['psum_banks']} of {mem['psum_capacity_banks']} banks",
+        ]
+        if mem["alloc_fallbacks"]:
+            lines.append(
+                f"  modeled allocator fallbacks     {mem['alloc_fallbacks']:,} buffers did not fit "
+                "and were modeled without reuse"
+            )
+        lines += [
             "",
             "  modeled critical path           "
             + ", ".join(

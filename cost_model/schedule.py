@@ -1,6 +1,7 @@
 """The engine-level cost model: the interpreter's instruction trace -> a modeled timeline.
 
-Structure (shared/docs/trainium-performance-model.md §5, with the changes noted here):
+Structure: an event-driven list scheduler over the engines and DMA queues that AWS's
+architecture guides describe (sources cited by key as in :mod:`neuron_kernels.cost_model.params`):
 
 * One timeline per resource: TensorE (``pe``), VectorE (``dve``), ScalarE (``act``), GpSimdE
   (``pool``), the Sync engine (``sp``), the two hardware DGEs, the 16 DMA engines and one
@@ -35,22 +36,33 @@ import bisect
 import functools
 import heapq
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from neuron_kernels._version import COST_MODEL_VERSION
 from neuron_kernels.cost_model.params import CostParams, params_for
-from neuron_kernels.hardware import Target, target_from_name
+from neuron_kernels.hardware import Target, target_from_name, usable_psum_bytes
 from neuron_kernels.interpreter.trace import Access, Instruction, Trace
 
-__all__ = ["ModeledTimeline", "model_trace", "UNITS", "COMPUTE_UNITS", "MODEL_VERSION"]
+__all__ = [
+    "ModeledTimeline",
+    "model_trace",
+    "ENGINE_LANES",
+    "UNITS",
+    "COMPUTE_UNITS",
+    "ENGINE_OF_LANE",
+    "MODEL_VERSION",
+]
 
 # Bumped in neuron_kernels/_version.py when the scheduling rules change (the calibration table
 # and modeled perf_results entries store it).
 MODEL_VERSION = COST_MODEL_VERSION
 
+# The one list of modeled lanes: compute engines and the DGE queues they drive, then DMA.
 COMPUTE_UNITS = {"tensor": "pe", "vector": "dve", "scalar": "act", "gpsimd": "pool", "sync": "sp"}
-UNITS = ("pe", "dve", "act", "pool", "sp", "dge_sp", "dge_act", "dma")
+ENGINE_OF_LANE = {lane: engine for engine, lane in COMPUTE_UNITS.items()}
+ENGINE_LANES = ("pe", "dve", "act", "pool", "sp", "dge_sp", "dge_act")
+UNITS = (*ENGINE_LANES, "dma")
 UNIT_LABEL = {
     "pe": "TensorE",
     "dve": "VectorE",
@@ -156,7 +168,7 @@ class Timeline:
         """Divisible work: take free time from ``ready`` on, across gaps, until ``dur`` is done.
 
         Returns (first start, end). DMA engines round-robin between queues at descriptor
-        granularity (perf-model §1.5), so a transfer fills the gaps around others.
+        granularity ([dma-bw]; [dma-intro]; [arch-v2]), so a transfer fills the gaps around others.
         """
         starts, ends = self.starts, self.ends
         i = bisect.bisect_right(ends, ready)
@@ -211,8 +223,7 @@ class ModeledTimeline:
     flops: dict[str, float]  # "matmul" raw FLOPs, "bf16_equivalent", "transpose"
     critical_path: dict[str, float]  # unit -> ns on the critical path ("wait" = latencies)
     critical_unit: str
-    alloc_fallbacks: int = 0
-    warnings: list[str] = field(default_factory=list)
+    alloc_fallbacks: int = 0  # buffers the "lru" allocator could not place (modeled as unbounded)
 
 
 # -- per-instruction costs ---------------------------------------------------------------
@@ -234,7 +245,7 @@ def _n_free(accesses) -> int:
 
 
 def _vector_cycles(api: str, ins: Instruction, p: CostParams, perf_mode: bool) -> float:
-    """VectorE (or GpSimd, perf_mode=False) cycles excluding MIN_II (perf-model §2.3)."""
+    """VectorE (or GpSimd, perf_mode=False) cycles excluding MIN_II ([arch-v2]; [isa-old]; [arch-v3])."""
     ops = (*ins.reads, *ins.writes)
     n = _n_free(ops)
     # Data operands only: a [P, 1] scalar-operand tile does not decide the performance mode.
@@ -251,7 +262,7 @@ def _vector_cycles(api: str, ins: Instruction, p: CostParams, perf_mode: bool) -
     if api == "tensor_tensor":
         in_psum = sum(1 for a in ins.reads if a.buffer == "psum")
         if in_psum >= 1:
-            return float(n)  # one input streams from PSUM: N, not 2N (isa-old)
+            return float(n)  # one input streams from PSUM: N, not 2N ([isa-old])
         if perf_mode and two_byte:
             return float(n)  # NC-v3: both SBUF, all BF16/FP16 -> 2x
         return 2.0 * n
@@ -273,10 +284,10 @@ def _vector_cycles(api: str, ins: Instruction, p: CostParams, perf_mode: bool) -
     if api == "tensor_copy_predicated":
         in_sbuf = sum(1 for a in ins.reads if a.buffer == "sbuf")
         return 2.0 * n if in_sbuf >= 2 else float(n)
-    if api == "exponential":  # NC-v4: 4x ScalarE exp throughput (perf-model §2.3)
+    if api == "exponential":  # NC-v4: 4x ScalarE exp throughput ([arch-v2]; [isa-old]; [arch-v3])
         return n / 4.0
     # nc_transpose (32x32 blocks), range_select, max8, select_reduce, tensor_scalar_cumulative
-    # and anything newer: one pass over the operand, the one-input rule (perf-model §2.3) [U].
+    # and anything newer: one pass over the operand, the one-input rule ([arch-v2]; [isa-old]; [arch-v3]) [U].
     return float(n)
 
 
@@ -437,7 +448,7 @@ def _emulate_allocation(trace: Trace, target: Target, policies: dict[str, str]):
     fallbacks = 0
     for buf, capacity, align in (
         ("sbuf", target.sbuf_usable_bytes, 64),
-        ("psum", target.psum_partition_bytes, target.psum_bank_bytes),
+        ("psum", usable_psum_bytes(target), target.psum_bank_bytes),
     ):
         if policies.get(buf, "unbounded") != "lru":
             continue

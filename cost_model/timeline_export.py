@@ -11,11 +11,9 @@ import zlib
 
 import numpy as np
 
-from neuron_kernels.cost_model.schedule import MODEL_VERSION, UNIT_LABEL
+from neuron_kernels.cost_model.schedule import ENGINE_LANES, MODEL_VERSION, UNIT_LABEL
 
 __all__ = ["chrome_trace", "timeline_png", "png_bytes"]
-
-_COMPUTE_LANES = ("pe", "dve", "act", "pool", "sp", "dge_sp", "dge_act")
 
 
 def _lanes(profile):
@@ -33,7 +31,7 @@ def _lanes(profile):
                 s, e = tl.start[i], tl.start[i] + tl.occupancy[i]
             lanes.setdefault(lane, []).append((offset + s, offset + e, li, i))
         offset += tl.latency_ns
-    order = [u for u in _COMPUTE_LANES if u in lanes] + sorted(
+    order = [u for u in ENGINE_LANES if u in lanes] + sorted(
         k for k in lanes if k.startswith("dma ")
     )
     return {k: lanes[k] for k in order}

@@ -32,6 +32,7 @@ from neuron_kernels.cost_model.schedule import MODEL_VERSION, model_trace
 from neuron_kernels.fingerprint import code_fingerprint
 from neuron_kernels.hardware import target_from_name
 from neuron_kernels.interpreter import run
+from neuron_kernels.testing import InterpreterRunner
 
 __all__ = [
     "load_published",
@@ -118,7 +119,7 @@ def model_row(row: dict, result, params: CostParams | None = None) -> dict:
     }
     if (
         tgt.name == "trn2"
-    ):  # the profiler's MBU divides by one HBM stack, 725 GB/s (perf-model §4.1)
+    ):  # the profiler's MBU divides by one HBM stack, 725 GB/s ([mm-tut-old]; [perf])
         out["mbu_pct"] = 100.0 * hbm / (725.0 * lat) if lat else 0.0
     return out
 
@@ -291,7 +292,7 @@ def render_markdown(table: dict) -> str:
         "|---|---|---:|---:|",
     ]
     for r in table["rows"]:
-        for key, value in r["published_hardware"].items():
+        for key, value in sorted(r["published_hardware"].items()):
             if key == "latency_ms" or key not in r["modeled"]:
                 continue
             lines.append(f"| {r['id']} | {key} | {value:.2f} | {r['modeled'][key]:.2f} |")
@@ -402,13 +403,9 @@ def _trace_measurement(row: dict, target: str):
             else spec.config.default()
         )
         runs = []
-
-        def runner(kernel, *args, **kwargs):
-            r = run(kernel, args, kwargs, target=tgt, compute=False)
-            runs.append(r)
-            return r.outputs
-
-        spec.launch(*inputs, config=config, runner=runner)
+        spec.run_kernels(
+            *inputs, config=config, runner=InterpreterRunner(tgt, compute=False, runs=runs)
+        )
         return runs, tgt
     module, _, name = row["kernel"].partition(":")
     kernel = getattr(importlib.import_module(module), name)

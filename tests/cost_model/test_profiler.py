@@ -126,9 +126,10 @@ def test_profiler_as_op_runner_matches_profiling_the_kernel():
     problem = {"m": 256, "n": 512, "k": 256}
     a, b = spec.make_inputs(problem, "bfloat16", torch.Generator().manual_seed(0))
     profiler = Profiler(target="trn2")
-    spec.launch(a, b, config=spec.config.default(), runner=profiler)
+    spec.run_kernels(a, b, config=spec.config.default(), runner=profiler)
     via_runner = profiler.report()
-    direct = profile(spec.kernels[0], target="trn2")(a, b, **spec.config.default().to_dict())
+    plan = spec.check(problem, "bfloat16", spec.config.default(), profiler.target)
+    direct = profile(spec.kernels[0], target="trn2")(a, b, plan)
     assert len(via_runner.launches) == 1
     assert via_runner.latency_ns == pytest.approx(direct.latency_ns, rel=1e-12)
 
@@ -180,3 +181,21 @@ def test_cli_param_override_and_bad_config(capsys):
     assert latency(slow) > latency(base)
     assert _cli(args + ["--config", '{"block_m": 3}']) == 2  # 3 is not a block_m choice
     assert "block_m" in capsys.readouterr().err
+
+
+def test_report_surfaces_allocator_fallbacks_and_usable_psum(monkeypatch):
+    """alloc_fallbacks reaches the report; PSUM capacity is the usable bank count (7 when a
+    bank is reserved for DMA transposes done on the PE, neuron_kernels.hardware)."""
+    from neuron_kernels.hardware import PE_TRANSPOSE_DMA_ENV, usable_psum_banks
+
+    spec = get_spec("matmul")
+    problem = {"m": 256, "n": 512, "k": 256}
+    a, b = spec.make_inputs(problem, "bfloat16", torch.Generator().manual_seed(0))
+    profiler = Profiler(target="trn2", sbuf_allocator="lru")
+    spec.run_kernels(a, b, config=spec.config.default(), runner=profiler)
+    memory = profiler.report().to_dict()["memory"]
+    fallbacks = sum(lp.timeline.alloc_fallbacks for lp in profiler.launches)
+    assert memory["alloc_fallbacks"] == fallbacks
+    assert memory["psum_capacity_banks"] == usable_psum_banks("trn2") == 8
+    monkeypatch.setenv(PE_TRANSPOSE_DMA_ENV, "true")
+    assert Profiler(target="trn2").report().to_dict()["memory"]["psum_capacity_banks"] == 7

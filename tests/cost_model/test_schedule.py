@@ -110,11 +110,16 @@ def matmul_problems(draw):
 @settings(max_examples=25, deadline=None)
 @given(matmul_problems())
 def test_modeled_time_is_at_least_flops_over_peak_and_bytes_over_bandwidth(problem):
-    from neuron_kernels.kernels.matmul import forward
+    from neuron_kernels.hardware import target_from_name
+    from neuron_kernels.kernels.matmul import SPEC, forward
 
     m, n, k, dtype, target = problem
     a, b = np.empty((m, k), dtype), np.empty((k, n), dtype)
-    report = profile(forward, target=target)(a, b)
+    dtype_name = "float32" if dtype is np.float32 else "bfloat16"
+    plan = SPEC.check(
+        {"m": m, "n": n, "k": k}, dtype_name, SPEC.config.default(), target_from_name(target)
+    )
+    report = profile(forward, target=target)(a, b, plan)
     floors = report.floors_ns()
     assert floors["tensor"] > 0 and floors["dma"] > 0
     assert report.latency_ns >= floors["tensor"] * (1 - 1e-9), (report.latency_ns, floors)
@@ -300,7 +305,7 @@ def test_timeline_fill_uses_gaps_and_counts_busy_once():
     [(bf16, "trn2", 4096 / 4), (bf16, "trn1", 4096), (np.float32, "trn2", 4096)],
 )
 def test_vector_performance_mode(dtype, target, cycles):
-    """NC-v3 VectorE copies BF16 SBUF->SBUF at 4x (perf-model §2.3); FP32 and NC-v2 at 1x."""
+    """NC-v3 VectorE copies BF16 SBUF->SBUF at 4x ([arch-v2]; [isa-old]; [arch-v3]); FP32 and NC-v2 at 1x."""
 
     def k(x):
         t = nl.ndarray((128, 4096), dtype=x.dtype, buffer=nl.sbuf)

@@ -1,10 +1,11 @@
-"""Allocation limits and on-chip capacity over live intervals (simulator/memory.py).
+"""Allocation limits and on-chip capacity over live intervals (interpreter/memory.py).
 
 A tile is live from the first instruction touching it to the last; the peak of live SBUF
 bytes per partition must stay within the target's usable SBUF (tile_size.sbuf_fmax_bytes:
 trn1 180224, trn2 212984, trn3 245752) and live PSUM tiles within the 8 banks of 2 KiB
-(7 with NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true on trn2+). Sources: nki-api-subset section 4
-and 9; nki/api/nki.language.tile_size.rst.
+(7 with NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true on trn2+). Sources (aws-neuron/aws-neuron-sdk):
+nki/api/nki/language/__init__.py (``_TileSize``), nki/api/nki.language.tile_size.rst,
+nki/guides/architecture/trainium2_arch.rst.
 """
 
 from __future__ import annotations
