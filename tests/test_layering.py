@@ -1,0 +1,144 @@
+"""The import graph points one way: hardware facts at the bottom, then the interpreter, the
+cost model and the kernels, then the ops, with the CLIs on top.
+
+Two views: every ``neuron_kernels`` import in the source (module level or inside a
+function), checked against the layer rules below; and what importing a layer actually
+loads, in a fresh subprocess.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+STAND_IN = Path(__file__).parent / "stand_in_nki"
+
+# unit -> the units it may import. A unit is a module of the root package or a subpackage;
+# "autotune.results" (read by the ops at run time) is its own unit, below the tuner.
+BOTTOM = {"_version", "errors"}
+ALLOWED = {
+    "_version": set(),
+    "errors": set(),
+    "hardware": {"errors"},
+    "fingerprint": set(),
+    "interpreter": BOTTOM | {"hardware"},
+    "cost_model": BOTTOM | {"hardware", "interpreter"},
+    "backend": {"interpreter"},
+    "kernels": BOTTOM | {"hardware", "backend"},
+    "autotune.results": BOTTOM | {"fingerprint", "kernels"},
+    "testing": BOTTOM | {"hardware", "interpreter", "kernels"},
+    "torch_ops": BOTTOM | {"hardware", "kernels", "backend", "autotune.results", "testing"},
+    "autotune": BOTTOM
+    | {"hardware", "fingerprint", "interpreter", "cost_model", "kernels", "testing"}
+    | {"autotune.results", "torch_ops"},
+    "perf_results": BOTTOM | {"hardware", "backend"},
+    "cli": set(),  # the top: anything (checked below to be the only unit above the ops)
+    "": {"torch_ops"} | BOTTOM,  # neuron_kernels/__init__.py: the public facade
+}
+NOT_ON_THE_OPS_PATH = ("neuron_kernels.cost_model", "neuron_kernels.cli", "optuna", "matplotlib")
+
+
+def _package_dirs() -> dict[str, Path]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return {pkg: ROOT / folder for pkg, folder in config["package-dir"].items()}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")[1:]  # drop "neuron_kernels"
+    if not parts:
+        return ""
+    if parts[:2] == ["autotune", "results"]:
+        return "autotune.results"
+    return parts[0]
+
+
+def _source_modules():
+    """(module name, path) of every source file in the distribution."""
+    dirs = _package_dirs()
+    for pkg, folder in dirs.items():
+        for path in sorted(folder.rglob("*.py")):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            inner = [p for p in dirs if p != pkg and p.startswith(pkg + ".")]
+            name = ".".join([pkg, *parts])
+            if any(name == p or name.startswith(p + ".") for p in inner):
+                continue  # a subpackage mapped elsewhere owns it
+            yield name, path
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: -node.level + (path.name == "__init__.py") or None]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found |= {f"{target}.{a.name}" for a in node.names}
+    return {m for m in found if m.startswith("neuron_kernels")}
+
+
+def test_every_source_file_belongs_to_a_layer():
+    units = {_unit(name) for name, _ in _source_modules()}
+    assert units <= set(ALLOWED), units - set(ALLOWED)
+
+
+def test_imports_point_down():
+    bad = []
+    for name, path in _source_modules():
+        unit = _unit(name)
+        if unit == "cli":
+            continue
+        allowed = ALLOWED[unit] | {unit}
+        for imported in _imports(path, name):
+            target = _unit(imported)
+            if target not in allowed:
+                bad.append(
+                    f"{path.relative_to(ROOT)}: {unit or 'neuron_kernels'} imports {imported}"
+                )
+    assert not bad, "\n".join(bad)
+
+
+def _loaded_after(statement: str, stand_in: bool) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NEURON_KERNELS_NKI")}
+    env["NEURON_KERNELS_NKI"] = "auto"
+    if stand_in:
+        env["PYTHONPATH"] = str(STAND_IN)
+    code = f"import sys\n{statement}\nprint('\\n'.join(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize("stand_in", [True, False], ids=["nki-importable", "interpreter"])
+def test_a_kernel_module_loads_no_cost_model(stand_in):
+    loaded = _loaded_after("import neuron_kernels.kernels.matmul", stand_in)
+    assert "neuron_kernels.kernels.matmul" in loaded
+    assert not [m for m in loaded if m.startswith(NOT_ON_THE_OPS_PATH)]
+    if stand_in:  # on a Trn node the kernels need no interpreter either
+        assert not [m for m in loaded if m.startswith("neuron_kernels.interpreter")]
+
+
+def test_importing_the_package_registers_the_ops_and_nothing_above_them():
+    loaded = _loaded_after(
+        "import neuron_kernels, torch\nassert torch.ops.neuron.matmul is not None", False
+    )
+    assert "neuron_kernels.torch_ops" in loaded
+    assert not [m for m in loaded if m.startswith(NOT_ON_THE_OPS_PATH)]
+
+
+def test_the_interpreter_loads_no_cost_model():
+    loaded = _loaded_after("import neuron_kernels.interpreter", False)
+    assert not [m for m in loaded if m.startswith(NOT_ON_THE_OPS_PATH)]
