@@ -421,7 +421,7 @@ def run_kernels(a: torch.Tensor, b: torch.Tensor, *, config: MatmulConfig, runne
 def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     """Inputs whose products sum to O(1): entries ~ N(0, 1/sqrt(K)) each."""
     m, n, k = problem["m"], problem["n"], problem["k"]
-    scale = k**-0.25
+    scale = max(k, 1) ** -0.25
     a = (torch.randn(m, k, generator=generator) * scale).to(getattr(torch, dtype))
     b = (torch.randn(k, n, generator=generator) * scale).to(getattr(torch, dtype))
     return a, b
@@ -438,8 +438,9 @@ def _backward(ctx, grad):
         grad_a = torch.ops.neuron.matmul(grad.contiguous(), b.t().contiguous())
     if ctx.needs_input_grad[1]:
         k, n = b.shape
+        rows = math.prod(a.shape[:-1])  # explicit: reshape(-1, 0) is ambiguous when K or N is 0
         grad_b = torch.ops.neuron.matmul(
-            a.reshape(-1, k).t().contiguous(), grad.reshape(-1, n).contiguous()
+            a.reshape(rows, k).t().contiguous(), grad.reshape(rows, n).contiguous()
         )
     return grad_a, grad_b
 

@@ -194,7 +194,10 @@ class OpSpec:
         make_inputs: ``make_inputs(problem, dtype, generator) -> tuple`` of op args.
         test_problems: sizes the contract tests use: ``"ranges"`` ``{dim: (low, high)}`` to
             draw from, ``"edges"`` values to favour, a small ``"probe"`` problem every config
-            runs on, and a ``"large"`` one where SBUF/PSUM budgets bind.
+            runs on, a ``"large"`` one where SBUF/PSUM budgets bind, and optionally
+            ``"empty"``: problems with a zero-size dimension the op accepts (default: the
+            probe with each dim in turn set to 0), on which the op and its gradients must
+            return empty (or zero) results as the reference does.
 
     Defaults an op overrides only when it must:
         dtypes: torch dtype names the op accepts (:data:`DTYPES`).

@@ -95,6 +95,43 @@ def test_autograd_matches_reference(name):
             )
 
 
+def _empty_problems():
+    """(op, problem) for each zero-size problem an op accepts: its declared ``"empty"`` list,
+    else its probe with each dimension in turn set to 0."""
+    for name in OPS:
+        spec = REGISTRY[name]
+        if spec.autograd is None:
+            continue
+        probe = spec.test_problems["probe"]
+        empty = spec.test_problems.get("empty", [{**probe, dim: 0} for dim in probe])
+        for problem in empty:
+            yield pytest.param(name, problem, id=f"{name}-{'x'.join(map(str, problem.values()))}")
+
+
+@pytest.mark.parametrize("name,problem", list(_empty_problems()))
+def test_autograd_with_an_empty_dimension(name, problem):
+    """A zero-size dimension gives the reference's (empty or all-zero) output and gradients,
+    with the reference's shapes: no kernel launch needs to run, nothing may crash."""
+    spec = REGISTRY[name]
+    args = _inputs(spec, problem, "float32")
+    leaves = [a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args]
+    ref_leaves = [
+        a.detach().double().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args
+    ]
+    with cpu_mode("interpret"):
+        out = _op(spec)(*leaves)
+    ref = spec.reference(*ref_leaves, upcast=True)
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    weight = torch.ones(out.shape)
+    (out * weight).sum().backward()
+    (ref * weight.double()).sum().backward()
+    for got, want in zip(leaves, ref_leaves):
+        if isinstance(got, torch.Tensor):
+            assert got.grad is not None and got.grad.shape == want.grad.shape, (name, problem)
+            torch.testing.assert_close(got.grad, want.grad.float(), rtol=0, atol=0)
+    torch.testing.assert_close(out, ref.float(), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("name", OPS)
 def test_compile_fullgraph(name):
     spec = REGISTRY[name]
