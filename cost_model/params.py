@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Param", "CostParams", "PARAMS", "params_for", "LEAST_CERTAIN"]
+__all__ = ["Param", "CostParams", "PARAMS", "params_for", "LEAST_CERTAIN", "check_param"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,47 @@ class Param:
 
 def _p(value, unit, source, confidence) -> Param:
     return Param(value, unit, source, confidence)
+
+
+# The range of a value by its unit: rates, clocks, counts and factors are positive (a zero
+# would divide by zero), durations and cycle counts are non-negative (a negative one would
+# make a modeled latency negative), and the named policies are one of a few words.
+_POSITIVE_UNITS = ("GB/s", "GHz", "x", "x of copy rate", "engines", "bytes")
+_NON_NEGATIVE_UNITS = ("ns", "PE cycles", "ACT cycles", "POOL cycles", "engine cycles")
+_CHOICES = {"mode": ("swdge", "hwdge", "static"), "policy": ("unbounded", "lru")}
+
+
+def check_param(name: str, param: Param) -> None:
+    """Refuse a value outside its unit's range, naming the parameter, its unit and source."""
+    from neuron_kernels.errors import LimitError
+
+    value, unit = param.value, param.unit
+
+    def refuse(rule, limit=None):
+        raise LimitError(
+            "cost model",
+            f"parameter {name}",
+            rule,
+            repr(value),
+            limit=limit,
+            hint=f"unit {unit}; source: {param.source}",
+        )
+
+    if unit == "bool":
+        if not isinstance(value, bool):
+            refuse("must be true or false")
+    elif unit in _CHOICES:
+        if value not in _CHOICES[unit]:
+            refuse(f"must be one of {_CHOICES[unit]}", _CHOICES[unit])
+    elif unit in _POSITIVE_UNITS or unit in _NON_NEGATIVE_UNITS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            refuse(f"must be a number in {unit}")
+        if unit in _POSITIVE_UNITS and not value > 0:
+            refuse(f"must be > 0 {unit}", 0)
+        if unit in _NON_NEGATIVE_UNITS and not value >= 0:
+            refuse(f"must be >= 0 {unit}", 0)
+    else:
+        raise AssertionError(f"cost model: parameter {name} has unit {unit!r} with no range rule")
 
 
 # Per-target rows. Shared rows are written once in _COMMON and overridden per target.
@@ -348,6 +389,9 @@ PARAMS: dict[str, dict[str, Param]] = {
     "trn2": {**_COMMON, **_TRN2},
     "trn3": {**_COMMON, **_TRN3},
 }
+for _table in PARAMS.values():  # a table entry out of range is a bug here, not at use
+    for _name, _param in _table.items():
+        check_param(_name, _param)
 
 # The parameters the closing note names as least certain, most influential first.
 LEAST_CERTAIN = (
@@ -377,19 +421,27 @@ class CostParams:
         raise AttributeError(name)
 
     def replace(self, **values) -> CostParams:
-        """A copy with some values overridden (source marked 'override')."""
+        """A copy with some values overridden (source marked 'override'), each range-checked.
+
+        Text values (from a command line) are read by the parameter's type: numbers as
+        floats, booleans as true/false/1/0/on/off/yes/no."""
+        from neuron_kernels.errors import LimitError
+
         table = dict(self.table)
         for name, value in values.items():
             if name not in table:
-                raise KeyError(f"cost model: unknown parameter {name!r}; known: {sorted(table)}")
+                raise LimitError(
+                    "cost model",
+                    "parameter",
+                    f"must be one of {sorted(table)}",
+                    repr(name),
+                    limit=sorted(table),
+                )
             old = table[name]
-            if isinstance(old.value, bool):
-                value = bool(value)
-            elif isinstance(old.value, (int, float)):
-                value = float(value)
-            table[name] = Param(
-                value, old.unit, f"override (was {old.value!r}: {old.source})", "override"
-            )
+            value = _coerce(name, old, value)
+            new = Param(value, old.unit, f"override (was {old.value!r}: {old.source})", "override")
+            check_param(name, new)
+            table[name] = new
         return CostParams(self.target, table)
 
     def values(self) -> dict[str, Any]:
@@ -399,6 +451,32 @@ class CostParams:
         """Short hash of the values, stored beside modeled results so stale ones are detected."""
         blob = json.dumps({"target": self.target, **self.values()}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+_BOOL_WORDS = {
+    "true": True,
+    "1": True,
+    "on": True,
+    "yes": True,
+    "false": False,
+    "0": False,
+    "off": False,
+    "no": False,
+}
+
+
+def _coerce(name: str, old: Param, value):
+    """An override in the type of the value it replaces; text is parsed, never guessed."""
+    if isinstance(old.value, bool):
+        if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.strip().lower()]
+        return value  # check_param refuses anything that is not a bool
+    if isinstance(old.value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return value  # check_param names it
+    return value
 
 
 def params_for(target, **overrides) -> CostParams:

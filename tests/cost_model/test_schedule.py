@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from neuron_kernels.cost_model.params import PARAMS, params_for
 from neuron_kernels.cost_model.profiler import profile
 from neuron_kernels.cost_model.schedule import Timeline, model_trace
+from neuron_kernels.errors import LimitError
 from neuron_kernels.interpreter import nki, run
 
 nl, nisa = nki.language, nki.isa
@@ -283,8 +284,9 @@ def test_overrides_change_the_fingerprint_and_the_model():
         model_trace(r.trace, "trn2", params=slow).latency_ns
         > model_trace(r.trace, "trn2").latency_ns
     )
-    with pytest.raises(KeyError):
+    with pytest.raises(LimitError) as err:
         base.replace(no_such_parameter=1.0)
+    assert err.value.arg == "parameter" and "no_such_parameter" in str(err.value)
 
 
 def test_timeline_fill_uses_gaps_and_counts_busy_once():
