@@ -141,8 +141,40 @@ def info(name: str) -> DTypeInfo:
     return DTYPES[name]
 
 
+_ON, _OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
 def precise_fp_from_env() -> bool:
-    return os.environ.get(PRECISE_FP_ENV, "1").strip() not in ("0", "false", "False")
+    """``NKI_PRECISE_FP``: 1/true/on/yes (default) or 0/false/off/no, in any case."""
+    text = os.environ.get(PRECISE_FP_ENV, "1").strip().lower()
+    if text in _ON or text == "":
+        return True
+    if text in _OFF:
+        return False
+    from neuron_kernels.errors import LimitError
+
+    raise LimitError(
+        "interpreter",
+        PRECISE_FP_ENV,
+        f"must be one of {'/'.join(_ON)} or {'/'.join(_OFF)}",
+        os.environ[PRECISE_FP_ENV],
+    )
+
+
+def value_range(name: str) -> tuple[float, float] | None:
+    """(lowest, highest) finite value ``name`` holds; None for dtypes not simulated."""
+    d = DTYPES[name]
+    if d.np_dtype is None:
+        return None
+    if d.kind == "bool":
+        return (0, 1)
+    if d.is_integer:
+        i = np.iinfo(d.np_dtype)
+        return (int(i.min), int(i.max))
+    import ml_dtypes
+
+    f = ml_dtypes.finfo(d.np_dtype)
+    return (float(f.min), float(f.max))
 
 
 def storage_dtype(name: str, precise_fp: bool = True) -> np.dtype:

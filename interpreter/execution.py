@@ -280,13 +280,25 @@ def _to_torch(array: np.ndarray, dtype: str):
     return torch.from_numpy(array.copy())
 
 
+def _returned_items(result, path=""):
+    """(path, item) for every leaf of a returned value: tuples, lists and dict values nest."""
+    if isinstance(result, (tuple, list)):
+        for i, item in enumerate(result):
+            yield from _returned_items(item, f"{path}[{i}]" if path else str(i))
+    elif isinstance(result, dict):
+        for key, item in result.items():
+            yield from _returned_items(item, f"{path}[{key!r}]" if path else repr(key))
+    else:
+        yield path or "0", result
+
+
 def _check_outputs(result) -> None:
-    items = result if isinstance(result, (tuple, list)) else (result,)
-    for i, item in enumerate(items):
+    """Every tensor a kernel returns, however deep in a container, lives in shared HBM."""
+    for path, item in _returned_items(result):
         if isinstance(item, NkiTensor) and item.buffer is not MemoryRegion.shared_hbm:
             raise NkiValidationError(
                 "nki.jit",
-                f"returned tensor {i} ({item.name!r})",
+                f"returned tensor {path} ({item.name!r})",
                 "must be allocated in nl.shared_hbm",
                 item.buffer.value,
                 hint="allocate kernel outputs with nl.ndarray(..., buffer=nl.shared_hbm)",
@@ -295,6 +307,12 @@ def _check_outputs(result) -> None:
 
 def _convert_outputs(result, framework: str):
     def convert(item):
+        if isinstance(item, tuple):
+            return tuple(convert(r) for r in item)
+        if isinstance(item, list):
+            return [convert(r) for r in item]
+        if isinstance(item, dict):
+            return {k: convert(v) for k, v in item.items()}
         if not isinstance(item, NkiTensor):
             return item
         array = item._read_raw()
@@ -302,10 +320,6 @@ def _convert_outputs(result, framework: str):
             return _to_torch(array, item.dtype)
         return _to_host_dtype(array, item.dtype)
 
-    if isinstance(result, tuple):
-        return tuple(convert(r) for r in result)
-    if isinstance(result, list):
-        return [convert(r) for r in result]
     return convert(result)
 
 

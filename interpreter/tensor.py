@@ -208,11 +208,16 @@ class NkiTensor(NKIObject):
             f"buffer={self.buffer!r})"
         )
 
-    def __bool__(self):
+    def _no_trace_time_value(self, *_):
         raise TypeError(
-            "NkiTensor has no truth value at trace time: tensor contents are only known on the "
-            "device. Compare with None using == / != or use a predicated instruction."
+            "NkiTensor has no value at trace time (no truth value, no ordering, no Python "
+            "number): tensor contents are only known on the device. Compare with None using "
+            "== / != or use a predicated instruction (nisa.affine_select, nisa.range_select)."
         )
+
+    # bool(t), t > 0, float(t), int(t), range(t): each would need the device's values.
+    __bool__ = __lt__ = __le__ = __gt__ = __ge__ = _no_trace_time_value
+    __float__ = __int__ = __index__ = __complex__ = _no_trace_time_value
 
     def __iter__(self):
         # Without this, Python would iterate through __getitem__(0), (1), ... until an error.

@@ -213,6 +213,12 @@ def memset(dst, value, engine=Engine.unknown, name=None):
         value, (int, float, np.integer, np.floating)
     ):
         check.fail("value", "must be a compile-time number", repr(value))
+    bounds = dtypes.value_range(dst.dtype)
+    finite = not isinstance(value, (float, np.floating)) or np.isfinite(value)
+    if bounds is not None and finite and not bounds[0] <= value <= bounds[1]:
+        check.fail(
+            "value", f"must be within {dst.dtype}'s range [{bounds[0]:g}, {bounds[1]:g}]", value
+        )
     if _int_dtype(dst):
         if isinstance(value, (float, np.floating)):
             check.fail("value", f"must be an int literal for the integer dtype {dst.dtype}", value)

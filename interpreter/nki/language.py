@@ -210,20 +210,20 @@ def no_reorder():
 
 
 # -- SPMD -----------------------------------------------------------------------------------
+def _grid_axis(api: str, arg: str, axis, grid) -> int:
+    """``axis`` checked against the launch grid; an unlaunched kernel runs as grid ``(1,)``,
+    so only axis 0 exists there (a bad axis is refused with or without a grid)."""
+    rank = len(grid) if grid else 1  # (the builtin max is shadowed by nl.max here)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < rank:
+        raise _NkiValidationError(api, arg, f"must be an int in [0, {rank})", axis, limit=rank)
+    return int(axis)
+
+
 def program_id(axis=0):
     """Index of this program along ``axis`` of the launch grid; 0 with no grid."""
     sim = _current()
-    if not sim.program_id:
-        return 0
-    if (
-        isinstance(axis, bool)
-        or not isinstance(axis, (int, np.integer))
-        or not 0 <= axis < len(sim.program_id)
-    ):
-        raise _NkiValidationError(
-            "nl.program_id", "axis", f"must be in [0, {len(sim.program_id)})", axis
-        )
-    return sim.program_id[axis]
+    axis = _grid_axis("nl.program_id", "axis", axis, sim.program_id or ())
+    return sim.program_id[axis] if sim.program_id else 0
 
 
 def num_programs(axes=0):
@@ -232,20 +232,13 @@ def num_programs(axes=0):
     [CONFLICT] The stub's default is ``axes=0`` while its text says "if not provided, returns
     the total"; we follow the signature (axis 0). Both agree on 1-D (LNC) grids.
     """
-    grid = _current().launch.grid
-    if not grid:
-        return 1
+    grid = tuple(_current().launch.grid or ())
     if axes is None:
-        return int(np.prod(grid))
+        return int(np.prod(grid)) if grid else 1
     many = isinstance(axes, (tuple, list))
-    for a in axes if many else (axes,):
-        if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= a < len(grid):
-            raise _NkiValidationError(
-                "nl.num_programs", "axes", f"must be in [0, {len(grid)})", axes
-            )
-    if many:
-        return int(np.prod([grid[a] for a in axes]))
-    return grid[axes]
+    picked = [_grid_axis("nl.num_programs", "axes", a, grid) for a in (axes if many else (axes,))]
+    sizes = [grid[a] if grid else 1 for a in picked]
+    return int(np.prod(sizes)) if many else sizes[0]
 
 
 def program_ndim():

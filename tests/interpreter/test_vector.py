@@ -231,6 +231,8 @@ def test_more_than_128_partitions_is_rejected_at_allocation():
 def test_memset(shape, dtype, engine, psum, view, value):
     integer = dtype in ("int32", "int8", "uint16", "bool_")
     v = int(abs(value)) if integer else value
+    if dtype == "bool_":
+        v = min(v, 1)  # bool_ holds 0 and 1 only; other values are refused (test_memset_limits)
     buffer = "psum" if psum and engine == "vector" else "sbuf"
     eng = getattr(nisa.engine, engine)
     (out,) = launch(
@@ -249,6 +251,13 @@ def test_memset_limits():
     )
     assert err.value == 2.0
     expect_error(lambda: nisa.memset(dst=tile((4, 4)), value=True), op="nisa.memset", arg="value")
+    for dtype, value in (("bool_", 2), ("int8", 300), ("uint16", -1), ("float16", 1e5)):
+        expect_error(
+            lambda dtype=dtype, value=value: nisa.memset(dst=tile((4, 4), dtype), value=value),
+            op="nisa.memset",
+            arg="value",
+            rule="range",
+        )
     expect_error(
         lambda: nisa.memset(dst=tile((4, 4), buffer="psum"), value=0.0, engine=nisa.engine.gpsimd),
         op="nisa.memset",
