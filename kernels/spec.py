@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -285,6 +286,20 @@ class OpSpec:
             )
         return plan
 
+    def host_bytes(self, problem: dict, dtype: str) -> int:
+        """Bytes of host memory the op's inputs and outputs take at ``problem``: what a run
+        must allocate before any kernel starts (computed on meta tensors, allocating none)."""
+        import torch
+
+        with torch.device("meta"):
+            args = self.make_inputs(problem, dtype, torch.Generator())
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        tensors += [a for a in args if isinstance(a, (list, tuple)) for a in a]  # tensor lists
+        total = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+        for shape, out_dtype in self.output_shapes(*args):
+            total += math.prod(shape) * torch.empty((), dtype=out_dtype).element_size()
+        return total
+
     def is_valid(self, problem: dict, dtype: str, config: TunableConfig, target) -> bool:
         try:
             self.check(problem, dtype, config, target)
@@ -303,7 +318,7 @@ def _shape_parser(op: str, dims: tuple[str, ...]) -> Callable[[str], dict]:
     def parse_shape(text: str) -> dict:
         """``"<d0>x<d1>..."`` -> problem dict (positive ints in the op's dimension order)."""
         parts = str(text).lower().replace(",", "x").split("x")
-        if len(parts) != len(dims) or not all(p.strip().isdigit() for p in parts):
+        if len(parts) != len(dims) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
             raise LimitError(op, "shape", f"must be {syntax} ({len(dims)} positive ints)", text)
         return {d: int(p) for d, p in zip(dims, parts)}
 

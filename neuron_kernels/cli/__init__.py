@@ -2,14 +2,19 @@
 
 A subcommand module exposes ``add_arguments(parser)`` and ``main(args) -> int``. Listing
 the commands (``--help``) imports none of them, so a slow or broken subcommand never
-costs the others anything.
+costs the others anything. Bad input anywhere is one line naming the flag and the value,
+exit code 2 (:class:`UsageError`); a closed pipe (``| head``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
+
+__all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main"]
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -24,12 +29,34 @@ SUBCOMMANDS = {
     ),
 }
 
+EXIT_USAGE = 2  # argparse's code for a bad command line; every bad input uses it
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that went away
+
+
+class UsageError(Exception):
+    """Bad input given on the command line (or in a file or variable it names).
+
+    Printed as ``neuron-kernels <command>: error: <setting> <value>: <why>``, exit code 2."""
+
+    def __init__(self, setting: str, value, why: str) -> None:
+        self.setting, self.value, self.why = setting, value, why
+        shown = value if isinstance(value, str) else repr(value)
+        super().__init__(f"{setting} {shown}: {why}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the usage block stays behind ``--help``)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported to add its arguments."""
-    parser = argparse.ArgumentParser(
-        prog="neuron-kernels", description="NKI kernels for AWS Trainium."
-    )
+    from neuron_kernels._version import __version__
+
+    parser = _Parser(prog="neuron-kernels", description="NKI kernels for AWS Trainium.")
+    parser.add_argument("--version", action="version", version=f"neuron-kernels {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -39,11 +66,37 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+_NEGATIVE_VALUE = re.compile(r"^-\d")
+
+
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """``--shape -1x2x3`` -> ``--shape=-1x2x3``: argparse would read the value as a flag and
+    say "expected one argument"; attached, it reaches the op, whose message names the rule."""
+    out: list[str] = []
+    for token in argv:
+        if out and _NEGATIVE_VALUE.match(token) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _attach_negative_values(sys.argv[1:] if argv is None else list(argv))
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(argv)
-    return int(importlib.import_module(args._module).main(args) or 0)
+    prog = f"neuron-kernels {args.command}"
+    try:
+        return int(importlib.import_module(args._module).main(args) or 0)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader (`| head`) is gone: send what is still buffered nowhere, as the Python
+        # docs advise for SIGPIPE, instead of a BrokenPipeError at interpreter exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ from __future__ import annotations
 import json
 import sys
 
+from neuron_kernels.cli import UsageError
+from neuron_kernels.cli._inputs import output_path
+
 __all__ = ["add_arguments", "main"]
 
 
@@ -45,15 +48,26 @@ def add_arguments(parser) -> None:
     )
 
 
+def _positive(flag: str, value: int) -> int:
+    if value < 1:
+        raise UsageError(flag, str(value), "must be >= 1")
+    return value
+
+
 def main(args) -> int:
     from neuron_kernels.cli import calibration
 
     def say(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    _positive("--iterations", args.iterations)
+    _positive("--jobs", args.jobs)
     if args.fit:
+        output_path("--out", args.out)
         measurements = calibration.load_measurements(args.fit)
         names = [n.strip() for n in args.params.split(",") if n.strip()]
+        if not names:
+            raise UsageError("--params", repr(args.params), "must name at least one parameter")
         report = calibration.fit(measurements, names, iterations=args.iterations, progress=say)
         print(f"Fitted on {report['target']} to {len(report['rows'])} hardware measurement(s):")
         for n, v in report["overrides"].items():
@@ -77,14 +91,22 @@ def main(args) -> int:
         return 0
 
     row_ids = {r.strip() for r in args.rows.split(",") if r.strip()} or None
-    table = calibration.build_table(row_ids, progress=say, jobs=max(1, args.jobs))
-    print(calibration.render_markdown(table))
+    if row_ids:
+        published = [r["id"] for r in calibration.load_published()["rows"]]
+        unknown = sorted(row_ids - set(published))
+        if unknown:
+            raise UsageError(
+                "--rows", ",".join(unknown), f"must name published rows: {', '.join(published)}"
+            )
+        if args.write:
+            raise UsageError("--rows", args.rows, "--write stores every row; drop --rows")
+    table = calibration.build_table(row_ids, progress=say, jobs=args.jobs)
     if args.write:
-        if row_ids:
-            print("calibrate: --write needs every row (drop --rows)", file=sys.stderr)
-            return 2
         calibration.write_table(table)
+        print(calibration.render_markdown(table, stored=True))
         print("wrote perf_results/calibration/table.json and table.md", file=sys.stderr)
+    else:
+        print(calibration.render_markdown(table, stored=False))
     ok = all(r["within_bound"] for r in table["rows"]) and all(
         o["holds"] for o in table["orderings"]
     )

@@ -75,7 +75,6 @@ def run_checks(target: str = "trn2", size: str = "small", seed: int = 0) -> list
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
-        choices=("trn1", "trn2", "trn3"),
         default=None,
         help="NeuronCore generation (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)",
     )
@@ -88,9 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     # The interpreter runs the kernels whichever NKI backend they bound at import
     # (neuron_kernels.interpreter.rebind), so the demo works on a Trn node too.
-    from neuron_kernels.hardware import default_target
+    from neuron_kernels.cli._inputs import target as read_target
 
-    target = args.target or default_target().name
+    target = read_target(args.target).name
     print(
         f"neuron-kernels demo: the library's NKI kernels on the portable interpreter (target {target}, "
         f"size {args.size}, seed {args.seed}), checked against their fp64 references"

@@ -10,18 +10,22 @@ the trace on the cost model. Every number printed is modeled, not measured.
 from __future__ import annotations
 
 import json
-import os
 import sys
+
+from neuron_kernels.cli import UsageError
+from neuron_kernels.cli._inputs import (
+    DTYPE_ALIASES,
+    host_memory_bytes,
+    output_path,
+    read_json_file,
+)
+from neuron_kernels.cli._inputs import target as read_target
 
 __all__ = ["add_arguments", "main", "DTYPE_ALIASES"]
 
-DTYPE_ALIASES = {
-    "bf16": "bfloat16",
-    "fp32": "float32",
-    "f32": "float32",
-    "fp16": "float16",
-    "f16": "float16",
-}
+# A run builds the op's inputs in host memory; more than this share of what is available is
+# refused before anything is allocated (the rest is for the interpreter's own buffers).
+HOST_MEMORY_SHARE = 0.5
 
 
 def add_arguments(parser) -> None:
@@ -30,9 +34,13 @@ def add_arguments(parser) -> None:
         "--shape", required=True, help="problem shape in the op's syntax, e.g. 4096x4096x4096"
     )
     parser.add_argument("--dtype", default="bfloat16", help="bf16|fp32|fp16 or a torch dtype name")
-    parser.add_argument("--target", default="trn2", help="trn1|trn2|trn3 (default trn2)")
     parser.add_argument(
-        "--config", default=None, help="config as JSON text or a path to a JSON file"
+        "--target",
+        default=None,
+        help="trn1|trn2|trn3 (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)",
+    )
+    parser.add_argument(
+        "--config", default=None, help="config as a JSON object, or a path to a JSON file"
     )
     parser.add_argument(
         "--param",
@@ -51,32 +59,69 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
 
 
-def _overrides(args) -> dict:
-    out: dict = {}
+def read_overrides(args, target) -> dict:
+    """Cost-model overrides from ``--params-file`` then ``--param``, each checked against the
+    parameter table of ``target`` (name, type, range) and refused naming its flag."""
+    from neuron_kernels.cost_model.params import params_for
+    from neuron_kernels.errors import LimitError
+
+    sources: list[tuple[str, str, dict]] = []
     if args.params_file:
-        with open(args.params_file) as f:
-            doc = json.load(f)
-        out.update(doc.get("overrides", doc))
+        doc = read_json_file("--params-file", args.params_file)
+        values = doc.get("overrides", doc)
+        if not isinstance(values, dict):
+            raise UsageError(
+                "--params-file", args.params_file, '"overrides" must be an object of values'
+            )
+        sources.append(("--params-file", args.params_file, values))
     for item in args.param:
         name, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"profile: --param must be NAME=VALUE, got {item!r}")
+        if not sep or not name.strip() or not value.strip():
+            raise UsageError("--param", item, "must be NAME=VALUE")
+        sources.append(("--param", item, {name.strip(): value.strip()}))
+    out: dict = {}
+    for flag, given, values in sources:
         try:
-            out[name.strip()] = float(value)
-        except ValueError:
-            out[name.strip()] = value.strip()
+            params_for(target.name, **values)
+        except LimitError as exc:
+            raise UsageError(flag, given, f"{exc.arg} {exc.rule}, got {exc.value}") from None
+        out.update(values)
     return out
 
 
-def _config(spec, text):
+def read_config(spec, text):
+    """``--config``: a JSON object, or the path of a file holding one; checked field by field."""
+    from neuron_kernels.errors import LimitError
+
     if text is None:
         return spec.config.default()
-    if os.path.exists(text):
-        with open(text) as f:
-            values = json.load(f)
-    else:
+    try:
         values = json.loads(text)
-    return spec.config.from_dict(values)
+    except json.JSONDecodeError:
+        values = read_json_file("--config", text, "a config object")  # not JSON text: a path
+    try:
+        return spec.config.from_dict(values)
+    except LimitError as exc:
+        raise UsageError("--config", text, f"{exc.arg} {exc.rule}, got {exc.value}") from None
+
+
+def read_op_and_problem(args):
+    """(spec, problem, dtype) from the op name, ``--shape`` and ``--dtype``."""
+    from neuron_kernels.errors import LimitError
+    from neuron_kernels.kernels.spec import get_spec
+
+    try:
+        spec = get_spec(args.op)
+    except LimitError as exc:
+        raise UsageError("op", args.op, exc.rule) from None
+    try:
+        problem = spec.parse_shape(args.shape)
+    except LimitError as exc:
+        raise UsageError("--shape", args.shape, exc.rule) from None
+    dtype = DTYPE_ALIASES.get(args.dtype.lower(), args.dtype.removeprefix("torch."))
+    if dtype not in spec.dtypes:
+        raise UsageError("--dtype", args.dtype, f"must be one of {', '.join(spec.dtypes)}")
+    return spec, problem, dtype
 
 
 def main(args) -> int:
@@ -84,23 +129,34 @@ def main(args) -> int:
 
     from neuron_kernels.cost_model.profiler import Profiler
     from neuron_kernels.errors import LimitError
-    from neuron_kernels.kernels.spec import get_spec
 
-    dtype = DTYPE_ALIASES.get(args.dtype.lower(), args.dtype.removeprefix("torch."))
+    spec, problem, dtype = read_op_and_problem(args)
+    target = read_target(args.target)
+    config = read_config(spec, args.config)
+    overrides = read_overrides(args, target)
+    for flag in ("chrome", "png", "json"):
+        output_path(f"--{flag}", getattr(args, flag))
     try:
-        spec = get_spec(args.op)
-        problem = spec.parse_shape(args.shape)
-        config = _config(spec, args.config)
-        spec.check(problem, dtype, config, args.target)
-        profiler = Profiler(target=args.target, compute=False, **_overrides(args))
-    except (LimitError, KeyError, ValueError) as exc:
-        print(f"profile: {exc}", file=sys.stderr)
-        return 2
+        spec.check(problem, dtype, config, target)
+    except LimitError as exc:
+        raise UsageError(
+            "--config", json.dumps(config.to_dict()), f"{exc} (at --shape {args.shape})"
+        ) from None
+    need, have = spec.host_bytes(problem, dtype), host_memory_bytes()
+    if need > HOST_MEMORY_SHARE * have:
+        raise UsageError(
+            "--shape",
+            args.shape,
+            f"its {dtype} inputs and outputs take {need / 2**30:.1f} GiB of host memory, "
+            f"more than half of the {have / 2**30:.1f} GiB available here",
+        )
+    profiler = Profiler(target=target.name, compute=False, **overrides)
     inputs = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(0))
     spec.run_kernels(*inputs, config=config, runner=profiler)
     report = profiler.report()
     print(
-        f"op {spec.name}  shape {args.shape}  dtype {dtype}  config {json.dumps(config.to_dict())}"
+        f"op {spec.name}  shape {args.shape}  dtype {dtype}  target {target.name}  "
+        f"config {json.dumps(config.to_dict())}"
     )
     print(report.text())
     if args.json:
@@ -116,4 +172,5 @@ def main(args) -> int:
     if args.png:
         report.to_png(args.png)
         print(f"wrote {args.png} (modeled timeline)")
+    sys.stdout.flush()
     return 0

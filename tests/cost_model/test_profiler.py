@@ -1,4 +1,4 @@
-"""The profile API, its exports and the ``neuron-kernels profile`` command.
+"""The profile API and its exports (the ``neuron-kernels profile`` command: tests/cli/).
 
 Every number a profile prints or stores must be labelled modeled; the exports must describe
 the same schedule the report does.
@@ -6,7 +6,6 @@ the same schedule the report does.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import struct
@@ -17,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_kernels.cli.profile import add_arguments, main
 from neuron_kernels.cost_model import profile
 from neuron_kernels.cost_model.profiler import Profile, Profiler
 from neuron_kernels.interpreter import nki
@@ -132,55 +130,6 @@ def test_profiler_as_op_runner_matches_profiling_the_kernel():
     direct = profile(spec.kernels[0], target="trn2")(a, b, plan)
     assert len(via_runner.launches) == 1
     assert via_runner.latency_ns == pytest.approx(direct.latency_ns, rel=1e-12)
-
-
-def _cli(argv):
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return main(parser.parse_args(argv))
-
-
-def test_cli_prints_a_modeled_report(tmp_path, capsys):
-    out = tmp_path / "r.json"
-    code = _cli(
-        [
-            "matmul",
-            "--shape",
-            "256x512x256",
-            "--dtype",
-            "bf16",
-            "--target",
-            "trn2",
-            "--json",
-            str(out),
-            "--png",
-            str(tmp_path / "t.png"),
-            "--chrome",
-            str(tmp_path / "t.json"),
-        ]
-    )
-    assert code == 0
-    text = capsys.readouterr().out
-    assert "modeled latency" in text
-    doc = json.loads(out.read_text())
-    assert doc["label"] == "modeled" and doc["dtype"] == "bfloat16" and doc["latency_ns"] > 0
-    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
-
-
-def test_cli_param_override_and_bad_config(capsys):
-    args = ["matmul", "--shape", "256x512x256", "--dtype", "fp32", "--target", "trn2"]
-    assert _cli(args) == 0
-    base = capsys.readouterr().out
-    assert _cli(args + ["--param", "dma_engine_gbps=2.72"]) == 0
-    slow = capsys.readouterr().out
-
-    def latency(text):
-        m = re.search(r"modeled latency\s+([\d.]+) (ms|us|ns)", text)
-        return float(m.group(1)) * {"ms": 1e6, "us": 1e3, "ns": 1.0}[m.group(2)]
-
-    assert latency(slow) > latency(base)
-    assert _cli(args + ["--config", '{"block_m": 3}']) == 2  # 3 is not a block_m choice
-    assert "block_m" in capsys.readouterr().err
 
 
 def test_report_surfaces_allocator_fallbacks_and_usable_psum(monkeypatch):

@@ -1,0 +1,89 @@
+"""Reading command-line values that several subcommands share, each refused as a
+:class:`~neuron_kernels.cli.UsageError` naming the setting the user actually gave."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from neuron_kernels.cli import UsageError
+from neuron_kernels.errors import LimitError
+
+__all__ = [
+    "DTYPE_ALIASES",
+    "host_memory_bytes",
+    "output_path",
+    "read_json_file",
+    "target",
+]
+
+DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "fp32": "float32",
+    "f32": "float32",
+    "fp16": "float16",
+    "f16": "float16",
+}
+
+
+def target(flag_value: str | None, flag: str = "--target"):
+    """The :class:`Target` of ``--target`` if given, else of NEURON_PLATFORM_TARGET_OVERRIDE,
+    else trn2; a bad name is refused naming whichever of the two the user set."""
+    from neuron_kernels.hardware import TARGET_ENV, default_target, target_from_name
+
+    try:
+        if flag_value is not None:
+            return target_from_name(flag_value, setting=flag)
+        return default_target()
+    except LimitError as exc:
+        setting = flag if flag_value is not None else TARGET_ENV
+        value = flag_value if flag_value is not None else os.environ.get(TARGET_ENV)
+        raise UsageError(setting, value, exc.rule) from None
+
+
+def read_json_file(flag: str, path: str, what: str = "a JSON object"):
+    """The JSON document at ``path`` (an object), refused naming ``flag`` if it is missing,
+    unreadable, not JSON or not an object."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(flag, path, "no such file") from None
+    except IsADirectoryError:
+        raise UsageError(flag, path, "is a folder, not a file") from None
+    except OSError as exc:
+        raise UsageError(flag, path, f"cannot be read ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(flag, path, f"is not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(flag, path, f"must hold {what}, holds a {type(doc).__name__}")
+    return doc
+
+
+def output_path(flag: str, path: str | None) -> str | None:
+    """``path`` if its folder exists and is writable: checked before a long run, not after."""
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(flag, path, "is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise UsageError(flag, path, f"its folder {os.path.dirname(path) or '.'} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(flag, path, f"its folder {os.path.dirname(path) or '.'} is not writable")
+    return path
+
+
+def host_memory_bytes() -> int:
+    """Memory this machine can still give (MemAvailable, else physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62  # unknown: do not refuse
