@@ -128,6 +128,10 @@ class Profile:
         peaks = [m for lp in self.launches for m in lp.run.memory]
         return {
             "sbuf_bytes_per_partition": max((m.sbuf_bytes for m in peaks), default=0),
+            "sbuf_in_flight_bytes_per_partition": max(
+                (_sbuf_in_flight_peak(lp.run.trace, lp.timeline) for lp in self.launches),
+                default=0,
+            ),
             "psum_bytes_per_partition": max((m.psum_bytes for m in peaks), default=0),
             "psum_banks": max((m.psum_banks for m in peaks), default=0),
         }
@@ -177,6 +181,7 @@ class Profile:
                 # buffers the "lru" allocator emulation could not place; each is modeled
                 # as if it had its own memory (0 under the default "unbounded" policy)
                 "alloc_fallbacks": sum(lp.timeline.alloc_fallbacks for lp in self.launches),
+                "sbuf_allocator": str(self.params.sbuf_allocator),
             },
             "instructions": {
                 "total": sum(by_engine.values()),
@@ -259,7 +264,9 @@ class Profile:
             f"  modeled HBM traffic             {(hb['read'] + hb['write']) / 1e6:,.1f} MB "
             f"(read {hb['read'] / 1e6:,.1f}, write {hb['write'] / 1e6:,.1f}) at {d['hbm_gbps']:.1f} GB/s",
             f"  modeled SBUF peak               {mem['sbuf_bytes_per_partition']:,} B/partition of "
-            f"{mem['sbuf_capacity_bytes_per_partition']:,}",
+            f"{mem['sbuf_capacity_bytes_per_partition']:,} (the kernel's live tiles)",
+            f"  modeled SBUF in flight          {mem['sbuf_in_flight_bytes_per_partition']:,} "
+            f"B/partition at the schedule's peak ({_sbuf_note(mem)})",
             f"  modeled PSUM peak               {mem['psum_bytes_per_partition']:,} B/partition, "
             f"{mem['psum_banks']} of {mem['psum_capacity_banks']} banks",
         ]
@@ -363,3 +370,42 @@ def profile(
         return profiler.report()
 
     return profiled
+
+
+def _sbuf_in_flight_peak(trace, timeline) -> int:
+    """Peak SBUF bytes per partition the modeled schedule holds at once: each tile from the
+    start of its first access to the end of its last. Under ``sbuf_allocator=unbounded``
+    loads may run ahead of their use, so this can exceed capacity (the compiler's
+    multi-buffering and spilling is assumed to make room); under ``lru`` it cannot."""
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    size: dict[int, int] = {}
+    for ins in trace.instructions:
+        for a in (*ins.reads, *ins.writes):
+            if a.buffer != "sbuf":
+                continue
+            u = a.storage
+            s, e = timeline.start[ins.index], timeline.end[ins.index]
+            first[u] = min(first.get(u, s), s)
+            last[u] = max(last.get(u, e), e)
+            size[u] = max(size.get(u, 0), a.byte_hi)
+    events = sorted(
+        [(first[u], size[u]) for u in first] + [(last[u], -size[u]) for u in first],
+        key=lambda ev: (ev[0], ev[1]),  # a tile freed at t makes room before one taken at t
+    )
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def _sbuf_note(mem: dict) -> str:
+    cap = mem["sbuf_capacity_bytes_per_partition"]
+    ratio = mem["sbuf_in_flight_bytes_per_partition"] / cap if cap else 0.0
+    if mem["sbuf_allocator"] == "unbounded":
+        return (
+            f"{ratio:.1f}x capacity; sbuf_allocator=unbounded assumes the compiler multi-buffers "
+            "and spills; --param sbuf_allocator=lru models reuse within capacity"
+        )
+    return f"{ratio:.2f}x capacity; sbuf_allocator={mem['sbuf_allocator']}"

@@ -36,7 +36,7 @@ import bisect
 import functools
 import heapq
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from neuron_kernels._version import COST_MODEL_VERSION
@@ -224,6 +224,8 @@ class ModeledTimeline:
     critical_path: dict[str, float]  # unit -> ns on the critical path ("wait" = latencies)
     critical_unit: str
     alloc_fallbacks: int = 0  # buffers the "lru" allocator could not place (modeled as unbounded)
+    # instruction index -> (trigger lane, start, end) of each DMA's trigger on its engine
+    dma_trigger: dict[int, tuple[str, float, float]] = field(default_factory=dict)
 
 
 # -- per-instruction costs ---------------------------------------------------------------
@@ -789,6 +791,7 @@ def model_trace(
     flops = {"matmul": 0.0, "bf16_equivalent": 0.0, "transpose": 0.0}
     act_state: dict = {}
     dma_spans: list[tuple[float, float]] = []
+    dma_trigger: dict[int, tuple[str, float, float]] = {}
     bw_eng = float(p.dma_engine_gbps)  # GB/s = bytes/ns
     bw_core = float(p.dma_core_gbps)
     desc = float(p.dma_descriptor_bytes)
@@ -842,6 +845,8 @@ def model_trace(
             else:
                 cost = float(p.static_issue_ns)
             t_trig = tl[kind].place(t_ready, cost) if cost > 0 else t_ready
+            if cost > 0:
+                dma_trigger[idx] = (kind, t_trig, t_trig + cost)
             queue_trigger[q] = t_trig
             data_ready = t_trig + cost + float(p.dma_latency_ns)
             transpose = bool(ins.attrs.get("transpose"))
@@ -915,6 +920,7 @@ def model_trace(
         critical_path=crit,
         critical_unit=crit_unit,
         alloc_fallbacks=fallbacks,
+        dma_trigger=dma_trigger,
     )
 
 

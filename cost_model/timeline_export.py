@@ -30,11 +30,13 @@ def _lanes(profile):
                 lane = unit
                 s, e = tl.start[i], tl.start[i] + tl.occupancy[i]
             lanes.setdefault(lane, []).append((offset + s, offset + e, li, i))
+        for i, (kind, s, e) in tl.dma_trigger.items():  # DMA triggers hold their engine
+            lanes.setdefault(kind, []).append((offset + s, offset + e, li, i))
         offset += tl.latency_ns
     order = [u for u in ENGINE_LANES if u in lanes] + sorted(
         k for k in lanes if k.startswith("dma ")
     )
-    return {k: lanes[k] for k in order}
+    return {k: sorted(lanes[k]) for k in order}
 
 
 def chrome_trace(profile, max_events: int = 400_000) -> dict:
@@ -68,7 +70,8 @@ def chrome_trace(profile, max_events: int = 400_000) -> dict:
                 args["modeled_bytes"] = lp.timeline.dma_bytes.get(i, 0)
             events.append(
                 {
-                    "name": ins.api.rsplit(".", 1)[-1],
+                    "name": ins.api.rsplit(".", 1)[-1]
+                    + (" trigger" if ins.engine == "dma" and not lane.startswith("dma ") else ""),
                     "cat": lane,
                     "ph": "X",
                     "pid": 1,
@@ -131,6 +134,32 @@ _FONT = {  # 5x7 glyphs, one 5-bit row per entry, most significant bit on the le
     "X": (17, 17, 10, 4, 10, 17, 17),
     "Y": (17, 17, 17, 10, 4, 4, 4),
     "Z": (31, 1, 2, 4, 8, 16, 31),
+    "a": (0, 0, 14, 1, 15, 17, 15),
+    "b": (16, 16, 22, 25, 17, 17, 30),
+    "c": (0, 0, 14, 16, 16, 17, 14),
+    "d": (1, 1, 13, 19, 17, 17, 15),
+    "e": (0, 0, 14, 17, 31, 16, 14),
+    "f": (6, 9, 8, 28, 8, 8, 8),
+    "g": (0, 15, 17, 17, 15, 1, 14),
+    "h": (16, 16, 22, 25, 17, 17, 17),
+    "i": (4, 0, 12, 4, 4, 4, 14),
+    "j": (2, 0, 6, 2, 2, 18, 12),
+    "k": (16, 16, 18, 20, 24, 20, 18),
+    "l": (12, 4, 4, 4, 4, 4, 14),
+    "m": (0, 0, 26, 21, 21, 17, 17),
+    "n": (0, 0, 22, 25, 17, 17, 17),
+    "o": (0, 0, 14, 17, 17, 17, 14),
+    "p": (0, 0, 30, 17, 30, 16, 16),
+    "q": (0, 0, 13, 19, 15, 1, 1),
+    "r": (0, 0, 22, 25, 16, 16, 16),
+    "s": (0, 0, 14, 16, 14, 1, 30),
+    "t": (8, 8, 28, 8, 8, 9, 6),
+    "u": (0, 0, 17, 17, 17, 19, 13),
+    "v": (0, 0, 17, 17, 17, 10, 4),
+    "w": (0, 0, 17, 17, 21, 21, 10),
+    "x": (0, 0, 17, 10, 4, 10, 17),
+    "y": (0, 0, 17, 17, 15, 1, 14),
+    "z": (0, 0, 31, 2, 4, 8, 31),
     " ": (0,) * 7,
     ".": (0, 0, 0, 0, 0, 12, 12),
     ":": (0, 12, 12, 0, 12, 12, 0),
@@ -143,6 +172,9 @@ _FONT = {  # 5x7 glyphs, one 5-bit row per entry, most significant bit on the le
     "=": (0, 0, 31, 0, 31, 0, 0),
     "_": (0, 0, 0, 0, 0, 0, 31),
     "+": (0, 4, 4, 31, 4, 4, 0),
+    "'": (4, 4, 8, 0, 0, 0, 0),
+    ">": (8, 4, 2, 1, 2, 4, 8),
+    "<": (2, 4, 8, 16, 8, 4, 2),
 }
 _COLORS = {
     "pe": (46, 139, 87),
@@ -157,8 +189,8 @@ _COLORS = {
 
 
 def _text(img: np.ndarray, x: int, y: int, s: str, color=(20, 20, 20), scale: int = 2) -> None:
-    for ch in s.upper():
-        rows = _FONT.get(ch, _FONT[" "])
+    for ch in s:
+        rows = _FONT.get(ch) or _FONT.get(ch.upper(), _FONT[" "])
         for r, bits in enumerate(rows):
             for c in range(5):
                 if bits & (1 << (4 - c)):
@@ -207,37 +239,57 @@ def png_bytes(img: np.ndarray) -> bytes:
     )
 
 
+def _lane_label(lane: str) -> str:
+    if lane.startswith("dma "):
+        return "DMA " + lane[4:]
+    return UNIT_LABEL.get(lane, lane)
+
+
+def _lane_color(lane: str) -> np.ndarray:
+    return np.array(_COLORS.get("dma" if lane.startswith("dma ") else lane, (90, 90, 90)), float)
+
+
 def timeline_png(profile, width: int = 1600) -> bytes:
-    """A per-engine busy chart of the modeled timeline, as PNG bytes."""
+    """A per-lane busy chart of the modeled timeline, as PNG bytes.
+
+    Compute lanes are shaded by the fraction of each pixel's time the engine is busy
+    (instructions and the DMA triggers it issues); DMA lanes (one per queue) by whether a
+    transfer of that queue is in flight, which says nothing of how many of the DMA engines
+    it uses: the report gives engine utilisation."""
+    from neuron_kernels.hardware import target_from_name
+
     lanes = _lanes(profile)
-    left, right, top, row_h, gap, bottom = 230, 20, 70, 22, 6, 50
+    left, right, top, row_h, gap, bottom = 230, 20, 96, 22, 6, 110
     height = top + len(lanes) * (row_h + gap) + bottom
     img = np.full((height, width, 3), 255, dtype=np.uint8)
     total = max(profile.latency_ns, 1.0)
     kernels = ", ".join(lp.kernel for lp in profile.launches)
-    _text(
-        img,
-        10,
-        8,
-        f"MODELED timeline: {kernels} on {profile.target}, modeled latency {_fmt(total)}",
-    )
+    _text(img, 10, 8, f"Modeled timeline: {kernels} on {profile.target}, latency {_fmt(total)}")
     _text(
         img,
         10,
         34,
-        f"cost model v{MODEL_VERSION} params {profile.params.fingerprint()} - not a hardware "
-        "measurement",
+        f"cost model v{MODEL_VERSION}, params {profile.params.fingerprint()}: modeled, "
+        "not a hardware measurement",
         color=(150, 30, 30),
     )
+    mem = profile.memory()
+    cap = target_from_name(profile.target).sbuf_usable_bytes
+    in_flight = mem["sbuf_in_flight_bytes_per_partition"]
+    policy = str(profile.params.sbuf_allocator)
+    sbuf_line = (
+        f"SBUF in flight {in_flight / cap:.1f}x capacity: sbuf_allocator={policy} assumes the "
+        "compiler multi-buffers and spills"
+        if policy == "unbounded" and in_flight > cap
+        else f"SBUF in flight {in_flight / cap:.2f}x capacity (sbuf_allocator={policy})"
+    )
+    _text(img, 10, 60, sbuf_line, color=(150, 30, 30))
     plot_w = width - left - right
     for r, (lane, spans) in enumerate(lanes.items()):
         y = top + r * (row_h + gap)
-        label = UNIT_LABEL.get(lane, lane.replace("dma ", "DMA "))
-        _text(img, 8, y + 4, label[:18], scale=2)
+        _text(img, 8, y + 4, _lane_label(lane)[:18], scale=2)
         frac = _coverage(spans, 0.0, total, plot_w)
-        color = np.array(
-            _COLORS.get(lane if not lane.startswith("dma ") else "dma", (90, 90, 90)), dtype=float
-        )
+        color = _lane_color(lane)
         row = (255.0 - frac[:, None] * (255.0 - color[None, :])).astype(np.uint8)
         img[y : y + row_h, left : left + plot_w] = row[None, :, :]
         img[y + row_h, left : left + plot_w] = (200, 200, 200)
@@ -249,6 +301,24 @@ def timeline_png(profile, width: int = 1600) -> bytes:
         img[y_axis : y_axis + 6, x] = (0, 0, 0)
         _text(img, min(x, width - 110), y_axis + 10, _fmt(total * k / 5), scale=2)
     _text(img, left, y_axis + 30, "modeled time", color=(150, 30, 30), scale=2)
+    # legend: what a shade means, then one swatch per kind of lane drawn
+    y_leg = y_axis + 56
+    _text(
+        img,
+        8,
+        y_leg,
+        "shade: share of the pixel's time busy (DMA rows: a transfer of that queue in flight)",
+        scale=2,
+    )
+    x = 8
+    seen = []
+    for lane in lanes:
+        key = "DMA queue" if lane.startswith("dma ") else _lane_label(lane)
+        if key not in seen:
+            seen.append(key)
+            img[y_leg + 26 : y_leg + 40, x : x + 14] = _lane_color(lane).astype(np.uint8)
+            _text(img, x + 20, y_leg + 27, key, scale=2)
+            x += 20 + 12 * len(key) + 24
     return png_bytes(img)
 
 

@@ -91,7 +91,10 @@ def test_chrome_trace_describes_the_modeled_schedule(report, tmp_path):
     assert len(doc["traceEvents"]) == n
     assert doc["otherData"]["label"] == "modeled"
     spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
-    assert len(spans) == len(report.launches[0].run.trace)
+    timeline = report.launches[0].timeline
+    # one span per instruction, and one per DMA trigger on the engine that issues it
+    assert len(spans) == len(report.launches[0].run.trace) + len(timeline.dma_trigger)
+    assert sum(e["name"].endswith(" trigger") for e in spans) == len(timeline.dma_trigger)
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
     last = max(e["ts"] + e["dur"] for e in spans)
     assert last <= report.latency_ns / 1e3 * (1 + 1e-9)
@@ -148,3 +151,38 @@ def test_report_surfaces_allocator_fallbacks_and_usable_psum(monkeypatch):
     assert memory["psum_capacity_banks"] == usable_psum_banks("trn2") == 8
     monkeypatch.setenv(PE_TRANSPOSE_DMA_ENV, "true")
     assert Profiler(target="trn2").report().to_dict()["memory"]["psum_capacity_banks"] == 7
+
+
+def _matmul_profile(**params):
+    spec = get_spec("matmul")
+    problem = {"m": 512, "n": 1024, "k": 1024}
+    a, b = spec.make_inputs(problem, "bfloat16", torch.Generator().manual_seed(0))
+    profiler = Profiler(target="trn2", compute=False, **params)
+    spec.run_kernels(a, b, config=spec.config.default(), runner=profiler)
+    return profiler.report()
+
+
+def test_the_picture_shows_dma_triggers_on_gpsimd_and_reads_in_lower_case():
+    from neuron_kernels.cost_model.timeline_export import _FONT, _lanes
+
+    report = _matmul_profile()
+    lanes = _lanes(report)
+    # software-DGE DMAs are triggered on GpSimdE: its busy time has a lane in the picture
+    assert "pool" in lanes and report.busy_ns()["pool"] > 0
+    busy_drawn = sum(e - s for s, e, *_ in lanes["pool"])
+    assert busy_drawn == pytest.approx(report.busy_ns()["pool"], rel=1e-9)
+    assert _FONT["m"] != _FONT["M"] and _FONT["s"] != _FONT["S"]  # "ms", not "MS"
+
+
+def test_the_report_says_how_much_sbuf_the_schedule_holds():
+    """Under the default unbounded policy loads may run ahead of capacity, and the report
+    says so with the ratio; under lru the schedule stays within usable SBUF."""
+    unbounded, lru = _matmul_profile(), _matmul_profile(sbuf_allocator="lru")
+    cap = unbounded.to_dict()["memory"]["sbuf_capacity_bytes_per_partition"]
+    held = unbounded.to_dict()["memory"]["sbuf_in_flight_bytes_per_partition"]
+    assert held > 0
+    assert "modeled SBUF in flight" in unbounded.text()
+    if held > cap:
+        assert "sbuf_allocator=unbounded assumes the compiler multi-buffers" in unbounded.text()
+    assert 0 < lru.to_dict()["memory"]["sbuf_in_flight_bytes_per_partition"] <= cap
+    assert lru.latency_ns > 0
