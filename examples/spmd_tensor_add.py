@@ -51,16 +51,31 @@ def tensor_add(a, b):
     return out
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A bad flag is one line (``--help`` shows the usage)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: sizes and grids are ints >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrors(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--rows", type=int, default=300, help="default 300 (a remainder tile of 44)"
+        "--rows", type=positive_int, default=300, help="default 300 (a remainder tile of 44)"
     )
     parser.add_argument(
-        "--cols", type=int, default=700, help="default 700 (a remainder tile of 188)"
+        "--cols", type=positive_int, default=700, help="default 700 (a remainder tile of 188)"
     )
     parser.add_argument(
-        "--grid", type=int, default=2, help="program instances (default 2, as LNC=2)"
+        "--grid", type=positive_int, default=2, help="program instances (default 2, as LNC=2)"
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -65,11 +65,32 @@ def tiled_matmul(lhsT, rhs):
     return result
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A bad flag is one line (``--help`` shows the usage)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: sizes and grids are ints >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--m", type=int, default=300, help="rows of the result (default 300)")
-    parser.add_argument("--k", type=int, default=200, help="contraction size (default 200)")
-    parser.add_argument("--n", type=int, default=700, help="columns of the result (default 700)")
+    parser = OneLineErrors(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--m", type=positive_int, default=300, help="rows of the result (default 300)"
+    )
+    parser.add_argument(
+        "--k", type=positive_int, default=200, help="contraction size (default 200)"
+    )
+    parser.add_argument(
+        "--n", type=positive_int, default=700, help="columns of the result (default 700)"
+    )
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="float32")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

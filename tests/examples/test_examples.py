@@ -76,3 +76,19 @@ def test_example_fails_on_a_wrong_result(name, tmp_path):
     result = _run(mutant, [], tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "-> FAIL" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("spmd_tensor_add.py", ["--grid", "0"]),
+        ("spmd_tensor_add.py", ["--rows", "-1"]),
+        ("tiled_matmul.py", ["--m", "0"]),
+        ("tiled_matmul.py", ["--k", "x"]),
+    ],
+)
+def test_example_refuses_a_bad_size_in_one_line(name, args, tmp_path):
+    result = _run(EXAMPLES / name, args, tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and args[0] in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
