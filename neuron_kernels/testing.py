@@ -15,7 +15,15 @@ def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: 
 
     On failure the message gives the worst element's index, both values, the bound, the
     dtype and ``context`` (op, config, problem), so a failure reads without a debugger.
+    Tuples or lists (an op with several outputs) are compared output by output. An
+    infinity must match exactly (the bound is infinite there, so it would otherwise pass).
     """
+    if isinstance(out, (tuple, list)) or isinstance(ref, (tuple, list)):
+        if not isinstance(out, (tuple, list)) or len(out) != len(ref):
+            raise AssertionError(f"outputs {type(out).__name__} != reference's {context}")
+        for i, (o, r) in enumerate(zip(out, ref)):
+            assert_within_tolerance(o, r, tol, f"{context} [output {i}]")
+        return
     if out.shape != ref.shape:
         raise AssertionError(f"shape {tuple(out.shape)} != reference {tuple(ref.shape)} {context}")
     got, want = out.detach().double().cpu(), ref.detach().double().cpu()
@@ -26,6 +34,13 @@ def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: 
         idx = tuple(int(i) for i in nan_mismatch.nonzero()[0])
         raise AssertionError(
             f"NaN mismatch at {idx}: got {got[idx].item()}, reference {want[idx].item()} "
+            f"(dtype {out.dtype}) {context}"
+        )
+    inf_mismatch = (torch.isinf(got) | torch.isinf(want)) & (got != want)
+    if inf_mismatch.any():
+        idx = tuple(int(i) for i in inf_mismatch.nonzero()[0])
+        raise AssertionError(
+            f"infinity mismatch at {idx}: got {got[idx].item()}, reference {want[idx].item()} "
             f"(dtype {out.dtype}) {context}"
         )
     excess = torch.nan_to_num(excess, nan=0.0)
