@@ -3,6 +3,10 @@ NKI kernel on the interpreter for CPU tensors when asked.
 
 ``NEURON_KERNELS_CPU=reference|interpret`` (default ``reference``) is read at each call;
 ``with cpu_mode("interpret"):`` does the same for a block of code and wins over the variable.
+
+The rollback switch ``NEURON_KERNELS_DISABLE=1`` (read at each call) makes every op run its
+reference math on every device, the ``neuron`` device included, and wins over both: the
+way back to the pre-kernel path without a code change.
 """
 
 from __future__ import annotations
@@ -18,15 +22,19 @@ from neuron_kernels.kernels.spec import FunctionRunner, dtype_name
 
 __all__ = [
     "CPU_MODE_ENV",
+    "DISABLE_ENV",
     "cpu_mode",
     "cpu_runner",
     "current_cpu_mode",
     "interpreter_runner",
+    "kernels_disabled",
     "select_config",
 ]
 
 CPU_MODE_ENV = "NEURON_KERNELS_CPU"
 CPU_MODES = ("reference", "interpret")
+DISABLE_ENV = "NEURON_KERNELS_DISABLE"
+_DISABLE_ON, _DISABLE_OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 _OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "neuron_kernels_cpu_mode", default=None
 )
@@ -47,6 +55,22 @@ def current_cpu_mode() -> str:
     if override is not None:
         return override
     return _check_mode(os.environ.get(CPU_MODE_ENV, "reference") or "reference", CPU_MODE_ENV)
+
+
+def kernels_disabled() -> bool:
+    """True when the rollback switch ``NEURON_KERNELS_DISABLE`` is on (1/true/yes/on): every
+    op then runs its reference math on every device. Unset, empty or 0/false/no/off: off."""
+    value = os.environ.get(DISABLE_ENV, "").strip().lower()
+    if value in _DISABLE_ON:
+        return True
+    if value in _DISABLE_OFF:
+        return False
+    raise LimitError(
+        "neuron_kernels.torch_ops",
+        DISABLE_ENV,
+        f"must be one of {'|'.join(_DISABLE_ON)} (on) or {'|'.join(_DISABLE_OFF[1:])} (off)",
+        value,
+    )
 
 
 @contextlib.contextmanager
