@@ -8,11 +8,9 @@ same kind of array that went in; HBM inputs the kernel wrote are updated in plac
 
 from __future__ import annotations
 
-import ast
 import functools
 import inspect
 import itertools
-import textwrap
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from neuron_kernels.hardware import Target, default_target, target_from_name
 from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.context import Launch, ProgramInstance, activate
 from neuron_kernels.interpreter.errors import NkiValidationError
+from neuron_kernels.interpreter.identity import with_checked_identity
 from neuron_kernels.interpreter.memory import MemoryPeak, check_capacity
 from neuron_kernels.interpreter.rebind import rebound_to_interpreter, unwrap_kernel
 from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor, wrap_host_array
@@ -130,6 +129,7 @@ def run(
     tgt = _resolve_target(target)
     precise = dtypes.precise_fp_from_env() if precise_fp is None else precise_fp
     _check_python_subset(kernel.fn)
+    body = with_checked_identity(kernel.fn)
     grid = kernel.grid
     n_programs = int(np.prod(grid)) if grid else 1
     launch = Launch(
@@ -143,6 +143,8 @@ def run(
 
     def to_device(name, value):
         _reject_lists(name, value)
+        if isinstance(value, tuple):  # a tuple of arrays is a tuple of HBM tensors
+            return tuple(to_device(f"{name}[{i}]", v) for i, v in enumerate(value))
         for seen_value, seen in hosts:  # the same array passed twice is one HBM tensor
             if seen_value is value:
                 return seen
@@ -164,7 +166,7 @@ def run(
     for pid in ids:
         sim = ProgramInstance(launch, program_id=pid)
         with activate(sim), rebound_to_interpreter(kernel.fn):
-            result = kernel.fn(*dev_args, **dev_kwargs)
+            result = body(*dev_args, **dev_kwargs)
         _check_outputs(result)
         peaks.append(check_capacity(sim))
 
@@ -343,19 +345,7 @@ def _subset_violations(fn) -> tuple[str, ...]:
             problems.append("kernel signature must not use the keyword-only separator *")
     except (TypeError, ValueError):
         pass
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):
-        return tuple(problems)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any(
-            isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops
-        ):
-            problems.append(
-                f"line {node.lineno}: 'is'/'is not' is rejected by the NKI compiler (use == / !=)"
-            )
-            break
+    # is / is not: allowed on trace-time values, checked per operand at run time (identity.py)
     return tuple(problems)
 
 

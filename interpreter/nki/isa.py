@@ -47,6 +47,13 @@ from neuron_kernels.interpreter.instructions.vector import (
     tensor_tensor,
     tensor_tensor_scan,
 )
+from neuron_kernels.interpreter.registers import (
+    VirtualRegister,
+    register_alloc,
+    register_load,
+    register_move,
+    register_store,
+)
 
 # Deprecated engine constants, still used by older kernels.
 tensor_engine = engine.tensor
@@ -105,11 +112,15 @@ __all__ = [
     "max8",
     "range_select",
     "select_reduce",
+    "VirtualRegister",
+    "register_alloc",
+    "register_move",
+    "register_load",
+    "register_store",
 ]
 
 # APIs of NKI 0.6 the interpreter does not implement (they raise NotImplementedError).
 _KNOWN = {
-    "VirtualRegister",
     "nc_matmul_mx",
     "activate2",
     "local_gather",
@@ -126,10 +137,6 @@ _KNOWN = {
     "dma_compute",
     "quantize_mx",
     "sendrecv",
-    "register_alloc",
-    "register_move",
-    "register_load",
-    "register_store",
     "nc_find_index8",
     "nc_match_replace8",
     "nonzero_with_count",

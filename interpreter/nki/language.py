@@ -14,6 +14,7 @@ import numpy as np
 from neuron_kernels.hardware import default_target as _default_target
 from neuron_kernels.hardware import usable_psum_banks as _usable_psum_banks
 from neuron_kernels.interpreter import language_ops as _ops
+from neuron_kernels.interpreter import registers as _registers
 from neuron_kernels.interpreter.context import current as _current
 from neuron_kernels.interpreter.context import current_or_none as _current_or_none
 from neuron_kernels.interpreter.errors import NkiValidationError as _NkiValidationError
@@ -193,14 +194,10 @@ sequential_range = affine_range
 static_range = affine_range
 
 
-def fori_loop(lower, upper, body_fun, step=1):
-    """Runtime loop; the interpreter runs it as a Python loop over concrete indices."""
-    if not isinstance(step, int) or step < 1:
-        raise _NkiValidationError(
-            "nl.fori_loop", "step", "must be a positive compile-time int", step
-        )
-    for i in range(int(lower), int(upper), step):
-        body_fun(i)
+# Runtime loops over registers (registers.py): the body sees a read-only VirtualRegister.
+fori_loop = _registers.fori_loop
+while_loop = _registers.while_loop
+dynamic_range = _registers.dynamic_range
 
 
 @contextlib.contextmanager
@@ -269,8 +266,6 @@ _KNOWN = {
     "gather_flattened",
     "broadcast_to",
     "expand_dims",
-    "while_loop",
-    "dynamic_range",
 }
 
 

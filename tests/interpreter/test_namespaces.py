@@ -429,6 +429,9 @@ def test_isa_classes_and_constants(name):
         assert issubclass(obj, Exception) and issubclass(obj, AssertionError)
     elif name == "NkiInstruction":
         assert callable(obj.depends_on)
+    elif name == "VirtualRegister":
+        assert issubclass(obj, nl.NKIObject)
+        assert [n for n, _ in _actual(obj.__init__)] == ["state", "frozen"]
     else:
         pytest.fail(f"unexpected implemented name {name}")
 
