@@ -138,6 +138,9 @@ _ENTRY_FIELDS = {  # field: (types, required)
     "metric": ((dict,), False),
     "trials": ((int,), False),
     "created": ((str,), False),
+    "shape": ((str,), False),  # the shape tuned (the bucket's representative)
+    "backend": ((str,), False),  # "model" or "hardware": what measured it
+    "tuner_version": ((str,), False),
 }
 
 
@@ -239,24 +242,49 @@ def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = Non
 
 
 def write_entry(spec, entry: dict, target: str, root: Path | None = None) -> Path:
-    """Add or replace (same bucket, dtype and source) an entry; returns the file written."""
+    """Merge one entry into the op's file (replacing the one with the same bucket, dtype and
+    source, keeping every other); returns the file written.
+
+    The read-merge-write holds an exclusive ``flock`` on the target's folder (concurrent
+    tuners never lose each other's entries; no lock file is left behind), and the new file is written to a temporary file in
+    the same folder, flushed to disk, then renamed over the old one: a kill at any moment
+    leaves either the old file or the new one, never a torn one. An existing file that
+    does not parse is refused (ValueError), not overwritten.
+    """
+    import fcntl
+    import tempfile
+
     if entry.get("source") not in SOURCES:
         raise ValueError(f"entry 'source' must be one of {SOURCES}, got {entry.get('source')!r}")
     _check_entry(0, entry)
     path = results_path(spec.name, target, root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    entries = load_entries(path, spec.name, target) if path.exists() else []
-    key = (entry["shape_bucket"], entry["dtype"], entry["source"])
-    entries = [e for e in entries if (e["shape_bucket"], e["dtype"], e["source"]) != key] + [entry]
-    entries.sort(key=lambda e: (e["shape_bucket"], e["dtype"], e["source"]))
-    doc = {
-        "format": FORMAT,
-        "version": VERSION,
-        "op": spec.name,
-        "target": target,
-        "entries": entries,
-    }
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        entries = load_entries(path, spec.name, target) if path.exists() else []
+        key = (entry["shape_bucket"], entry["dtype"], entry["source"])
+        entries = [e for e in entries if (e["shape_bucket"], e["dtype"], e["source"]) != key]
+        entries.append(entry)
+        entries.sort(key=lambda e: (e["shape_bucket"], e["dtype"], e["source"]))
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "op": spec.name,
+            "target": target,
+            "entries": entries,
+        }
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(doc, indent=2) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    finally:
+        os.close(folder)  # releases the lock
     return path

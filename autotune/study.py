@@ -1,0 +1,360 @@
+"""Tune one op at a list of (shape, dtype) points: one Optuna study per point.
+
+    from neuron_kernels.autotune.study import tune
+    results = tune("matmul", ["4096x4096x4096"], "bfloat16", target="trn2", trials=100)
+
+Each study is named by what makes its numbers comparable (op, shape, dtype, target,
+backend, kernel hash, cost-model version), so re-running the same command resumes it and a
+changed kernel starts afresh. The default config is enqueued first, so the best is never
+worse than the default. ``jobs`` worker processes share the study through its storage
+(Optuna's distributed mode: each worker asks the storage for trials); a trial budget counts
+the trials of every worker. The best config per point is merged into
+``perf_results/<target>/<op>.json`` (:mod:`neuron_kernels.autotune.results`).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from neuron_kernels._version import COST_MODEL_VERSION
+from neuron_kernels.autotune import results
+from neuron_kernels.autotune.backends import make_backend
+from neuron_kernels.autotune.objective import GateFailure, Objective, Point, gate_reason, params_key
+from neuron_kernels.autotune.storage import open_storage
+
+__all__ = [
+    "SAMPLERS",
+    "TUNER_VERSION",
+    "PointResult",
+    "SamplerError",
+    "make_sampler",
+    "study_name",
+    "summarize",
+    "tune",
+]
+
+TUNER_VERSION = "1"
+SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp", "auto")
+POLL_S = 0.5  # how often the parent of --jobs workers reads the study for the progress bar
+
+
+class SamplerError(ValueError):
+    """The sampler cannot search this op's space here; the message says why."""
+
+
+def make_sampler(name: str, space: dict[str, tuple], seed: int | None, trials: int):
+    """An Optuna sampler over ``space`` (every tunable is a categorical choice).
+
+    ``auto``: the grid when the budget covers the whole space, else TPE.
+    """
+    size = math.prod(len(c) for c in space.values())
+    if name == "auto":
+        name = "grid" if trials >= size else "tpe"
+    if name == "tpe":
+        # multivariate: the tile fields interact (block sizes share one SBUF budget)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, n_startup_trials=min(10, max(1, size // 10))
+            )
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler({k: list(v) for k, v in space.items()}, seed=seed)
+    if name == "cmaes":
+        raise SamplerError(
+            "Optuna's CmaEsSampler samples no categorical parameter (it falls back to random "
+            "search for them), and every tunable here is a categorical choice: use tpe, gp or random"
+        )
+    if name == "gp":
+        import importlib.util
+
+        if importlib.util.find_spec("scipy") is None:
+            raise SamplerError(
+                "Optuna's GPSampler needs scipy, which is not one of this package's "
+                "dependencies: pip install scipy, or use tpe"
+            )
+        return optuna.samplers.GPSampler(seed=seed)
+    raise SamplerError(f"must be one of {', '.join(SAMPLERS)}")
+
+
+def study_name(spec, point: Point, target: str, backend: str) -> str:
+    version = f"model{COST_MODEL_VERSION}" if backend == "model" else "hw"
+    digest = results.kernel_hash(spec).removeprefix("sha256:")[:12]
+    return f"{spec.name}/{point.shape}/{point.dtype}/{target}/{backend}/{version}/{digest}"
+
+
+def _counted(t) -> bool:
+    """A trial that spent the budget: finished, or failed by the gate. A trial failed by the
+    heartbeat (its worker died) is not counted: its config is enqueued again."""
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return t.state == TrialState.FAIL and "failed" in t.user_attrs
+
+
+class _Budget:
+    """Stops a worker once the study holds ``trials`` counted trials, or every config of
+    the space has been tried."""
+
+    def __init__(self, trials: int, space_size: int) -> None:
+        self.trials, self.space_size = trials, space_size
+
+    def done(self, study) -> bool:
+        trials = [t for t in study.get_trials(deepcopy=False) if _counted(t)]
+        return (
+            len(trials) >= self.trials
+            or len({params_key(t.params) for t in trials}) >= self.space_size
+        )
+
+    def __call__(self, study, trial) -> None:
+        if self.done(study):
+            study.stop()
+
+
+@dataclass
+class PointResult:
+    """What a study found for one point (latencies in microseconds, labelled by ``source``)."""
+
+    point: Point
+    study_name: str
+    source: str
+    best_config: dict | None
+    best_us: float | None
+    default_us: float | None
+    floor_us: float | None
+    floor_engine: str
+    binding_engine: str
+    trials: int  # counted trials (complete, pruned, failed by the gate)
+    measured: int  # distinct configs measured
+    pruned: int
+    failed: int
+    orphaned: int  # trials failed by the heartbeat (a dead worker)
+    written: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best_us and self.default_us:
+            return self.default_us / self.best_us
+        return None
+
+    @property
+    def floor_fraction(self) -> float | None:
+        if self.best_us and self.floor_us:
+            return self.floor_us / self.best_us
+        return None
+
+
+def summarize(spec, study, point: Point, source: str) -> PointResult:
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    best = min(complete, key=lambda t: t.value) if complete else None
+    default_key = params_key(spec.config.default().to_dict())
+    defaults = [t for t in complete if params_key(t.params) == default_key]
+    return PointResult(
+        point=point,
+        study_name=study.study_name,
+        source=source,
+        best_config=dict(best.params) if best else None,
+        best_us=best.value if best else None,
+        default_us=defaults[0].value if defaults else None,
+        floor_us=best.user_attrs.get("floor_us") if best else None,
+        floor_engine=best.user_attrs.get("floor_engine", "") if best else "",
+        binding_engine=best.user_attrs.get("binding_engine", "") if best else "",
+        trials=sum(_counted(t) for t in trials),
+        measured=len({params_key(t.params) for t in complete}),
+        pruned=sum(t.state == TrialState.PRUNED for t in trials),
+        failed=sum(t.state == TrialState.FAIL and "failed" in t.user_attrs for t in trials),
+        orphaned=sum(t.state == TrialState.FAIL and "failed" not in t.user_attrs for t in trials),
+    )
+
+
+def _optimize(
+    spec,
+    point: Point,
+    target: str,
+    backend_name: str,
+    storage_url: str,
+    name: str,
+    trials: int,
+    timeout: float | None,
+    sampler_name: str,
+    seed: int | None,
+    gate: Callable = gate_reason,
+    callbacks: tuple = (),
+    heartbeat: tuple[int, int] | None = None,
+) -> None:
+    """One worker: run trials of the study ``name`` until the budget or the timeout."""
+    storage = open_storage(storage_url, *(heartbeat or ()))
+    space = spec.config.space()
+    sampler = make_sampler(sampler_name, space, seed, trials)
+    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    budget = _Budget(trials, math.prod(len(c) for c in space.values()))
+    if budget.done(study):
+        return
+    objective = Objective(spec, point, target, make_backend(backend_name, target), gate=gate)
+    study.optimize(
+        objective,
+        timeout=timeout,
+        catch=(GateFailure,),
+        callbacks=[budget, *callbacks],
+        gc_after_trial=False,
+    )
+
+
+def _worker_main(op: str, kwargs: dict) -> None:
+    """Entry point of a ``--jobs`` worker process (spawned: it re-imports the registry)."""
+    import torch
+
+    from neuron_kernels.kernels.spec import get_spec
+
+    torch.set_num_threads(1)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _optimize(get_spec(op), **kwargs)
+
+
+class _Progress:
+    """tqdm bar per point: trials done, best so far, pruned, failed."""
+
+    def __init__(self, enabled: bool, point: Point, total: int) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=f"{point.shape} {point.dtype}", unit="trial")
+
+    def update(self, study) -> None:
+        if self.bar is None:
+            return
+        trials = study.get_trials(deepcopy=False)
+        done = sum(_counted(t) for t in trials)
+        values = [t.value for t in trials if t.state == TrialState.COMPLETE]
+        self.bar.n = min(done, self.bar.total)
+        self.bar.set_postfix(
+            best=f"{min(values):.2f}us" if values else "-",
+            pruned=sum(t.state == TrialState.PRUNED for t in trials),
+            failed=sum(t.state == TrialState.FAIL for t in trials),
+            refresh=False,
+        )
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def tune(
+    spec,
+    points: list[Point],
+    target: str = "trn2",
+    trials: int = 100,
+    timeout: float | None = None,
+    storage_url: str | None = None,
+    backend: str = "model",
+    jobs: int = 1,
+    seed: int | None = 0,
+    sampler: str = "tpe",
+    write: bool = True,
+    results_root: Path | None = None,
+    progress: bool = False,
+    gate: Callable = gate_reason,
+    heartbeat: tuple[int, int] | None = None,
+) -> list[PointResult]:
+    """Tune ``spec`` at each point; returns one :class:`PointResult` per point (see module)."""
+    from neuron_kernels.autotune.storage import default_storage_url
+
+    storage_url = storage_url or default_storage_url()
+    storage = open_storage(storage_url, *(heartbeat or ()))
+    make_sampler(sampler, spec.config.space(), seed, trials)  # refuse a bad sampler up front
+    source = "modeled" if backend == "model" else "hardware"
+    out = []
+    for point in points:
+        name = study_name(spec, point, target, backend)
+        study = optuna.create_study(
+            study_name=name, storage=storage, direction="minimize", load_if_exists=True
+        )
+        study.enqueue_trial(spec.config.default().to_dict(), skip_if_exists=True)
+        bar = _Progress(progress, point, trials)
+        kwargs = dict(
+            point=point,
+            target=target,
+            backend_name=backend,
+            storage_url=storage_url,
+            name=name,
+            trials=trials,
+            timeout=timeout,
+            sampler_name=sampler,
+            heartbeat=heartbeat,
+        )
+        try:
+            if jobs <= 1:
+                _optimize(
+                    spec,
+                    **kwargs,
+                    seed=seed,
+                    gate=gate,
+                    callbacks=(lambda s, t, bar=bar: bar.update(s),),
+                )
+            else:
+                ctx = multiprocessing.get_context("spawn")
+                workers = [
+                    ctx.Process(
+                        target=_worker_main,
+                        args=(spec.name, {**kwargs, "seed": None if seed is None else seed + i}),
+                    )
+                    for i in range(jobs)
+                ]
+                for w in workers:
+                    w.start()
+                while any(w.is_alive() for w in workers):
+                    bar.update(study)
+                    time.sleep(POLL_S)
+                for w in workers:
+                    w.join()
+                bad = [w.exitcode for w in workers if w.exitcode != 0]
+                if bad:
+                    raise RuntimeError(f"{len(bad)} of {jobs} tuner workers exited with {bad}")
+            bar.update(study)
+        finally:
+            bar.close()
+        result = summarize(spec, study, point, source)
+        if write and result.best_config is not None:
+            result.written = results.write_entry(
+                spec, _entry(spec, result, backend), target, results_root
+            )
+        out.append(result)
+    return out
+
+
+def _entry(spec, r: PointResult, backend: str) -> dict:
+    metric = {"latency_us": r.best_us}
+    if r.default_us is not None:
+        metric["default_latency_us"] = r.default_us
+    if r.floor_us:
+        metric.update(floor_us=r.floor_us, floor_engine=r.floor_engine)
+    if r.binding_engine:
+        metric["binding_engine"] = r.binding_engine
+    return {
+        "shape_bucket": spec.shape_bucket(r.point.problem),
+        "dtype": r.point.dtype,
+        "shape": r.point.shape,
+        "kernel_hash": results.kernel_hash(spec),
+        "model_version": COST_MODEL_VERSION if r.source == "modeled" else None,
+        "source": r.source,
+        "backend": backend,
+        "tuner_version": TUNER_VERSION,
+        "config": r.best_config,
+        "metric": metric,
+        "trials": r.trials,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }

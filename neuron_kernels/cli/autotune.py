@@ -1,0 +1,264 @@
+"""``neuron-kernels autotune <op>``: search an op's tile configs with Optuna and ship the best.
+
+    neuron-kernels autotune matmul --shape 1024x1024x1024 --trials 40
+    neuron-kernels autotune matmul --shape 4096x4096x4096 --jobs 2 --storage sqlite:///t.db
+    neuron-kernels autotune rms_norm --committed --trials 30      # the shapes of autotune/shapes.py
+    neuron-kernels autotune --list                                # ops, tunables, choices, reasons
+    neuron-kernels autotune --table                               # perf_results/<target>/README.md
+
+Every trial: the op's own check (rejected configs are pruned, with the reason), a
+correctness gate on the interpreter, then the backend's latency at the full shape
+(``model``: modeled by the cost model; ``hardware``: ``nki.benchmark`` on a NeuronCore).
+The best config per shape is merged into ``perf_results/<target>/<op>.json``. A killed run
+resumes when the same command is run again (the study lives in ``--storage``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from neuron_kernels.cli import UsageError
+from neuron_kernels.cli._inputs import DTYPE_ALIASES, output_path
+from neuron_kernels.cli._inputs import target as read_target
+
+__all__ = ["add_arguments", "main"]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("op", nargs="?", help="registered op name, e.g. matmul")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        help="problem shape in the op's syntax, e.g. 4096x4096x4096 (repeatable)",
+    )
+    parser.add_argument(
+        "--committed",
+        action="store_true",
+        help="tune at the op's committed shapes (autotune/shapes.py) instead of --shape",
+    )
+    parser.add_argument("--dtype", default="bf16", help="bf16|fp32|fp16 or a torch dtype name")
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="trn1|trn2|trn3 (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)",
+    )
+    parser.add_argument("--trials", default="100", help="trial budget per shape (default 100)")
+    parser.add_argument("--timeout", default=None, help="seconds per shape (default: none)")
+    parser.add_argument(
+        "--storage",
+        default=None,
+        help="study storage: an SQLAlchemy URL or journal:PATH (default: SQLite in the user "
+        "cache, or $NEURON_KERNELS_STUDIES)",
+    )
+    parser.add_argument(
+        "--backend",
+        default=None,
+        help="model|hardware (default: hardware where a Neuron device is present, else model)",
+    )
+    parser.add_argument("--jobs", default="1", help="worker processes sharing the study")
+    parser.add_argument("--seed", default="0", help="sampler seed (worker i uses seed + i)")
+    parser.add_argument("--sampler", default="tpe", help="tpe|random|grid|cmaes|gp|auto")
+    parser.add_argument(
+        "--results",
+        default=None,
+        metavar="DIR",
+        help="perf_results folder to merge into (default: the package's, or "
+        "$NEURON_KERNELS_PERF_RESULTS)",
+    )
+    parser.add_argument("--no-write", action="store_true", help="do not write perf_results")
+    parser.add_argument(
+        "--report", default=None, metavar="DIR", help="write plots (PNG and HTML) into DIR"
+    )
+    parser.add_argument("--list", action="store_true", help="list ops and their tunables")
+    parser.add_argument(
+        "--table", action="store_true", help="regenerate perf_results/<target>/README.md"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _int(flag: str, text, low: int) -> int:
+    try:
+        value = int(str(text))
+    except ValueError:
+        raise UsageError(flag, text, "must be an integer") from None
+    if value < low:
+        raise UsageError(flag, text, f"must be >= {low}")
+    return value
+
+
+def _seconds(flag: str, text) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(flag, text, "must be a number of seconds") from None
+    if not value > 0:
+        raise UsageError(flag, text, "must be > 0")
+    return value
+
+
+def list_ops() -> str:
+    from neuron_kernels.kernels.spec import REGISTRY, get_spec
+
+    get_spec("matmul")  # imports the registry
+    lines = []
+    for name in sorted(REGISTRY):
+        spec = REGISTRY[name]
+        default = spec.config.default().to_dict()
+        space = spec.config.space()
+        size = 1
+        for c in space.values():
+            size *= len(c)
+        lines.append(f"{name}  ({size} configs; shape {'x'.join(d.upper() for d in spec.dims)})")
+        for field, choices in space.items():
+            shown = ", ".join(repr(c) for c in choices)
+            lines.append(f"  {field:<14} default {default[field]!r:<8} of {shown}")
+            lines.append(f"  {'':<14} {spec.config.reasons()[field]}")
+    return "\n".join(lines)
+
+
+def _points(args, spec):
+    from neuron_kernels.autotune.objective import Point
+    from neuron_kernels.autotune.shapes import points_for
+    from neuron_kernels.errors import LimitError
+
+    if args.committed:
+        if args.shape:
+            raise UsageError("--committed", "", "takes no --shape (it tunes autotune/shapes.py's)")
+        return points_for(spec)
+    if not args.shape:
+        raise UsageError("--shape", "", f"is required (or --committed) for {spec.name}")
+    dtype = DTYPE_ALIASES.get(args.dtype.lower(), args.dtype.removeprefix("torch."))
+    if dtype not in spec.dtypes:
+        raise UsageError("--dtype", args.dtype, f"must be one of {', '.join(spec.dtypes)}")
+    points = []
+    for text in args.shape:
+        try:
+            points.append(Point(text, spec.parse_shape(text), dtype))
+        except LimitError as exc:
+            raise UsageError("--shape", text, exc.rule) from None
+    return points
+
+
+def summary_table(results) -> str:
+    head = (
+        f"{'shape':<20}{'dtype':<10}{'default':>12}{'best':>12}{'speedup':>9}"
+        f"{'of floor':>10}{'trials':>8}{'pruned':>8}{'failed':>8}"
+    )
+    lines = [head]
+    for r in results:
+
+        def us(v):
+            return f"{v:,.1f}us" if v is not None else "-"
+
+        lines.append(
+            f"{r.point.shape:<20}{r.point.dtype:<10}{us(r.default_us):>12}{us(r.best_us):>12}"
+            f"{(f'{r.speedup:.2f}x' if r.speedup else '-'):>9}"
+            f"{(f'{100 * r.floor_fraction:.1f}%' if r.floor_fraction else '-'):>10}"
+            f"{r.trials:>8}{r.pruned:>8}{r.failed:>8}"
+        )
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    import optuna
+
+    from neuron_kernels.errors import LimitError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.list:
+        print(list_ops())
+        return 0
+    target = read_target(args.target)
+    if args.table:
+        from neuron_kernels.autotune import results
+        from neuron_kernels.autotune.table import write_table
+
+        root = (
+            results.perf_results_dir()
+            if args.results is None
+            else __import__("pathlib").Path(args.results)
+        )
+        path = write_table(root / target.name, target.name)
+        print(f"wrote {path}")
+        return 0
+    if args.op is None:
+        raise UsageError("op", "", "is required (or --list / --table)")
+    from neuron_kernels.autotune.backends import BackendUnavailable, default_backend_name
+    from neuron_kernels.autotune.storage import StorageError, default_storage_url, open_storage
+    from neuron_kernels.autotune.study import SamplerError, make_sampler, tune
+    from neuron_kernels.kernels.spec import get_spec
+
+    try:
+        spec = get_spec(args.op)
+    except LimitError as exc:
+        raise UsageError("op", args.op, exc.rule) from None
+    points = _points(args, spec)
+    trials = _int("--trials", args.trials, 1)
+    jobs = _int("--jobs", args.jobs, 1)
+    seed = _int("--seed", args.seed, 0)
+    timeout = _seconds("--timeout", args.timeout)
+    backend = args.backend or default_backend_name()
+    if backend not in ("model", "hardware"):
+        raise UsageError("--backend", backend, "must be model or hardware")
+    try:
+        make_sampler(args.sampler, spec.config.space(), seed, trials)
+    except SamplerError as exc:
+        raise UsageError("--sampler", args.sampler, str(exc)) from None
+    storage_url = args.storage or default_storage_url()
+    try:
+        open_storage(storage_url)
+    except StorageError as exc:
+        raise UsageError("--storage", storage_url, str(exc)) from None
+    if args.report:
+        output_path("--report", str(__import__("pathlib").Path(args.report) / "x"))
+    for p in points:
+        try:
+            spec.check(p.problem, p.dtype, spec.config.default(), target.name)
+        except LimitError:
+            pass  # the default may not fit a huge shape: it is then a pruned trial
+    results_root = None
+    if args.results is not None:
+        from pathlib import Path
+
+        results_root = Path(args.results)
+    label = "modeled" if backend == "model" else "hardware"
+    print(
+        f"autotune {spec.name} on {target.name}: {len(points)} shape(s), {trials} trials each, "
+        f"backend {backend} ({label} latency), sampler {args.sampler}, jobs {jobs}, "
+        f"storage {storage_url}"
+    )
+    try:
+        found = tune(
+            spec,
+            points,
+            target=target.name,
+            trials=trials,
+            timeout=timeout,
+            storage_url=storage_url,
+            backend=backend,
+            jobs=jobs,
+            seed=seed,
+            sampler=args.sampler,
+            write=not args.no_write,
+            results_root=results_root,
+            progress=not args.quiet,
+        )
+    except BackendUnavailable as exc:
+        raise UsageError("--backend", backend, str(exc)) from None
+    print(f"\n{label} latency per shape (best vs the default config):")
+    print(summary_table(found))
+    for r in found:
+        if r.written:
+            print(f"merged {r.point.shape} {r.point.dtype} into {r.written}")
+        elif r.best_config is None:
+            print(f"{r.point.shape} {r.point.dtype}: no config completed (all pruned or failed)")
+    if args.report:
+        from neuron_kernels.autotune.report import write_report
+
+        for path in write_report(args.report, spec, found, storage_url):
+            print(f"wrote {path}")
+    sys.stdout.flush()
+    return 0
