@@ -27,6 +27,18 @@ SUBCOMMANDS = {
         "neuron_kernels.cli.calibrate",
         "cost model vs published hardware; fit it to yours",
     ),
+    "parity": (
+        "neuron_kernels.cli.parity",
+        "loss-curve parity: the same training on the reference path and on the kernels",
+    ),
+    "doctor": (
+        "neuron_kernels.cli.doctor",
+        "pre-flight: versions, device, which ops run a kernel, tuned configs, rollback",
+    ),
+    "autotune": (
+        "neuron_kernels.cli.autotune",
+        "search an op's tile configs with Optuna (cost model or Trn2) and ship the best",
+    ),
 }
 
 EXIT_USAGE = 2  # argparse's code for a bad command line; every bad input uses it
