@@ -1,0 +1,277 @@
+"""``neuron-kernels doctor``: the pre-flight checklist before moving a training job.
+
+    neuron-kernels doctor
+    neuron-kernels doctor --json          # machine-readable, on stdout
+
+Versions (torch, and nki / neuronx-cc / torch-neuronx when installed), the NKI backend that
+will run kernels, whether a ``neuron`` device is visible, which ``torch.ops.neuron.*`` ops
+run their NKI kernel on it and which fall back to reference math (and why), which tuned
+configs ``perf_results`` holds for the target, and the rollback switch. It only looks:
+nothing is compiled or run, and a machine without the Neuron SDK gets a plain sentence,
+not a traceback. Exit code 0 whatever it finds; 2 for a bad ``--target``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from importlib import metadata
+
+from neuron_kernels.cli._inputs import target as read_target
+
+__all__ = ["FORMAT", "SDK_PACKAGES", "add_arguments", "collect", "main"]
+
+FORMAT = "neuron-kernels/doctor"
+# The Neuron SDK's Python packages a Trn node needs (the [neuron] extra), by distribution name.
+SDK_PACKAGES = ("nki", "neuronx-cc", "torch-neuronx")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="trn1|trn2|trn3 for the perf_results lookup (default: "
+        "NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)",
+    )
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _guard(problems: list[str], what: str, fn, default=None):
+    """``fn()``, or ``default`` with a line in ``problems``: one broken probe must not hide
+    the rest of the report behind a traceback."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001  (any failure is reported, never raised)
+        problems.append(f"{what}: {type(exc).__name__}: {exc}")
+        return default
+
+
+def _device(problems: list[str]) -> dict:
+    import torch
+
+    from neuron_kernels.torch_ops import neuron_device
+
+    neuronx = _guard(problems, "import torch_neuronx", neuron_device.torch_neuronx_available, False)
+    accel = getattr(torch, "accelerator", None)
+    current = None
+    if accel is not None:
+        current = _guard(problems, "torch.accelerator", lambda: accel.current_accelerator())
+    current_name = None if current is None else str(getattr(current, "type", current))
+    key = _guard(problems, "PrivateUse1 name", torch._C._get_privateuse1_backend_name)
+    count = 0
+    if neuronx and current_name == "neuron":
+        count = _guard(problems, "torch.accelerator.device_count", accel.device_count, 0)
+    return {
+        "torch_accelerator": current_name,
+        "torch_accelerator_api": accel is not None,
+        "torch_neuronx_importable": bool(neuronx),
+        "privateuse1_name": key,
+        "neuron_visible": current_name == "neuron" and count > 0,
+        "neuron_device_count": count,
+    }
+
+
+def _perf_results(spec, target: str, problems: list[str]) -> dict:
+    from neuron_kernels.autotune import results
+
+    path = results.results_path(spec.name, target)
+    info = {"file": str(path), "exists": path.is_file(), "entries": []}
+    if not info["exists"]:
+        info["status"] = f"default config (no tuned configs for {target})"
+        return info
+    try:
+        entries = results.load_entries(path, spec.name, target)
+    except (OSError, ValueError) as exc:
+        info["status"] = f"default config (file unreadable: {exc})"
+        return info
+    current = _guard(problems, f"kernel hash of {spec.name}", lambda: results.kernel_hash(spec))
+    for e in entries:
+        info["entries"].append(
+            {
+                "shape_bucket": e["shape_bucket"],
+                "dtype": e["dtype"],
+                "source": e["source"],  # modeled (cost model) or hardware (a Trn run)
+                "fresh": e["kernel_hash"] == current,  # tuned on this kernel's code
+            }
+        )
+    fresh = [e for e in info["entries"] if e["fresh"]]
+    by_source = {s: sum(e["source"] == s for e in fresh) for s in results.SOURCES}
+    if fresh:
+        info["status"] = f"tuned: {len(fresh)} entries ({by_source['modeled']} modeled, " + (
+            f"{by_source['hardware']} hardware); other shapes use the default config"
+        )
+    else:
+        info["status"] = (
+            f"default config ({len(entries)} entries, all tuned on another version of the kernel)"
+        )
+    return info
+
+
+def _op_rows(state: dict, target: str, problems: list[str]) -> list[dict]:
+    import torch
+
+    from neuron_kernels.kernels import REGISTRY
+
+    native_blockers = []
+    if state["rollback"]["on"]:
+        native_blockers.append(f"the rollback switch {state['rollback']['variable']}=1 is on")
+    if state["backend"]["name"] != "nki":
+        native_blockers.append("the nki package is not installed")
+    if not state["device"]["neuron_visible"]:
+        native_blockers.append("no neuron device is visible")
+    rows = []
+    for name in sorted(REGISTRY):
+        spec = REGISTRY[name]
+        registered = _guard(
+            problems,
+            f"dispatch table of neuron::{name}",
+            lambda n=name: torch._C._dispatch_has_kernel_for_dispatch_key(
+                f"neuron::{n}", "PrivateUse1"
+            ),
+            False,
+        )
+        why = list(native_blockers)
+        if not registered:
+            why.append("no neuron-device kernel is registered for it")
+        if state["rollback"]["on"]:
+            cpu = "reference math (rollback switch on)"
+        elif state["cpu_mode"] == "interpret":
+            cpu = "NKI kernel on the interpreter"
+        else:
+            cpu = "reference math"
+        rows.append(
+            {
+                "op": f"torch.ops.neuron.{name}",
+                "description": spec.description,
+                "neuron_device": "fallback" if why else "kernel",
+                "why": "; ".join(why) if why else "NKI kernel, compiled by neuronx-cc",
+                "cpu_tensors": cpu,
+                "perf_results": _perf_results(spec, target, problems),
+            }
+        )
+    return rows
+
+
+def collect(target_name: str | None = None) -> dict:
+    """Everything the doctor reports, as plain data (what ``--json`` prints)."""
+    import torch
+
+    import neuron_kernels
+    from neuron_kernels import backend
+    from neuron_kernels.hardware import TARGET_ENV
+    from neuron_kernels.torch_ops import routing
+
+    problems: list[str] = []
+    target = read_target(target_name)
+    packages = {dist: _version(dist) for dist in SDK_PACKAGES}
+    sdk_installed = all(packages.values())
+    rollback_raw = os.environ.get(routing.DISABLE_ENV)
+    rollback_on = _guard(problems, routing.DISABLE_ENV, routing.kernels_disabled, False)
+    cpu_mode = _guard(problems, routing.CPU_MODE_ENV, routing.current_cpu_mode, "reference")
+    state = {
+        "format": FORMAT,
+        "version": 1,
+        "neuron_kernels": neuron_kernels.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "packages": packages,
+        "neuron_sdk": {
+            "installed": sdk_installed,
+            "missing": [d for d, v in packages.items() if v is None],
+        },
+        "backend": {
+            "name": backend.name,  # "nki" (AWS's package) or "interpreter" (ours)
+            "variable": backend.BACKEND_ENV,
+            "value": os.environ.get(backend.BACKEND_ENV),
+        },
+        "device": _device(problems),
+        "target": {
+            "name": target.name,
+            "variable": TARGET_ENV,
+            "value": os.environ.get(TARGET_ENV),
+        },
+        "cpu_mode": cpu_mode,
+        "rollback": {
+            "variable": routing.DISABLE_ENV,
+            "value": rollback_raw,
+            "on": bool(rollback_on),
+            "effect": "every op runs its reference math on every device, neuron included",
+            "how": f"export {routing.DISABLE_ENV}=1 (no code change; unset or 0 to undo)",
+        },
+    }
+    state["ops"] = _op_rows(state, target.name, problems)
+    state["all_ops_fall_back"] = all(r["neuron_device"] == "fallback" for r in state["ops"])
+    state["problems"] = problems
+    state["summary"] = _summary(state)
+    return state
+
+
+def _summary(state: dict) -> str:
+    n = len(state["ops"])
+    native = sum(r["neuron_device"] == "kernel" for r in state["ops"])
+    if not state["neuron_sdk"]["installed"]:
+        missing = ", ".join(state["neuron_sdk"]["missing"])
+        return (
+            f"The Neuron SDK is not installed here ({missing} missing): every op ({n} of {n}) "
+            "falls back to its reference math on the neuron device, and CPU tensors run "
+            f"{'the kernels on our NKI interpreter' if state['cpu_mode'] == 'interpret' else 'reference math'}."
+        )
+    if native == 0:
+        return f"Every op ({n} of {n}) falls back: {state['ops'][0]['why'] if n else 'no ops'}."
+    return f"{native} of {n} ops run their NKI kernel on the neuron device."
+
+
+def _print(state: dict) -> None:
+    print(
+        f"neuron-kernels {state['neuron_kernels']}  python {state['python']}  torch {state['torch']}"
+    )
+    print(state["summary"])
+    print("\nNeuron SDK packages:")
+    for dist, ver in state["packages"].items():
+        print(f"  {dist:<14} {ver or 'not installed'}")
+    b = state["backend"]
+    what = "AWS's nki package" if b["name"] == "nki" else "our NKI interpreter (no nki package)"
+    print(f"\nKernels run on: {what}  [{b['variable']}={b['value'] or 'auto'}]")
+    d = state["device"]
+    seen = "yes" if d["neuron_visible"] else "no"
+    print(
+        f"neuron device visible: {seen} (torch.accelerator: {d['torch_accelerator'] or 'none'}; "
+        f"torch-neuronx importable: {'yes' if d['torch_neuronx_importable'] else 'no'})"
+    )
+    t = state["target"]
+    print(f"target: {t['name']}  [{t['variable']}={t['value'] or 'unset'}]")
+    print(f"CPU tensors: {state['cpu_mode']}  [NEURON_KERNELS_CPU]")
+    print("\nOps:")
+    for r in state["ops"]:
+        print(f"  {r['op']}: neuron device -> {r['neuron_device']} ({r['why']})")
+        print(
+            f"      CPU tensors -> {r['cpu_tensors']}; perf_results: {r['perf_results']['status']}"
+        )
+    rb = state["rollback"]
+    status = "ON" if rb["on"] else "off"
+    print(f"\nRollback switch {rb['variable']}: {status} (value {rb['value']!r})")
+    print(f"  {rb['how']}: {rb['effect']}")
+    if state["problems"]:
+        print("\nProblems found:")
+        for p in state["problems"]:
+            print(f"  - {p}")
+
+
+def main(args) -> int:
+    state = collect(args.target)
+    if args.json:
+        json.dump(state, sys.stdout, indent=1)
+        print()
+    else:
+        _print(state)
+    return 0
