@@ -18,18 +18,36 @@ The contract both directions keep:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
-from neuron_kernels.hardware import TARGETS
-from neuron_kernels.kernels.spec import DTYPES, dtype_name
+from neuron_kernels.hardware import TARGETS, Target
+from neuron_kernels.kernels.spec import (
+    DTYPES,
+    ITEMSIZE,
+    OpSpec,
+    Tolerance,
+    TunableConfig,
+    ceil_div,
+    dtype_name,
+    register,
+    tunable,
+)
 
 __all__ = [
+    "FWD_SPEC",
     "MAX_HEAD_DIM",
+    "SPEC",
     "SUPPORTED_HEAD_DIMS",
+    "FlashAttentionConfig",
+    "FlashAttentionPlan",
     "attention_reference",
     "causal_visible",
+    "forward",
+    "plan",
     "resolve_scale",
     "validate_attention",
 ]
@@ -172,3 +190,624 @@ def attention_reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
     if not upcast:
         out, lse = out.to(q.dtype), lse.to(torch.float32)
     return out, lse
+
+
+# -- tunables and the tile plan -----------------------------------------------------------
+
+# Masked scores (already scaled) become this: exp(MASK_FILL - max) is exactly 0 in fp32, and
+# unlike -inf it never meets another infinity in `max - max` on a row with no visible key.
+MASK_FILL = -1.0e30
+
+
+@dataclass(frozen=True)
+class FlashAttentionConfig(TunableConfig):
+    """Tile-level choices of the flash attention forward kernel.
+
+    The query tile is always one partition tile (128 rows on partitions): the scores
+    ``S = q K^T`` land q-rows-on-partitions in PSUM, so the row max, the exp and the row
+    sum run along the free axis, where VectorE and ScalarE reduce.
+
+    Attributes:
+        k_tile: keys per score tile (the moving free size of QK^T; 512 fills one PSUM bank).
+        kv_block: K/V rows held in SBUF at once. When Sk fits, K^T and V of a KV head are
+            loaded once and reused by every query tile of every query head of its group;
+            otherwise each query tile streams the blocks again.
+        load_transpose: how q^T and K^T (D on partitions) reach SBUF: "pe" (contiguous load,
+            TensorE transpose through PSUM), "dma" (DMA transpose, 2-byte dtypes, trn2+) or
+            "strided" (element-wise DMA access pattern).
+        p_transpose: how the probabilities P [q, k] become P^T [k, q] for P V: "pe" (TensorE
+            transpose through PSUM) or "vector" (VectorE 32x32 blocks, SBUF to SBUF).
+    """
+
+    op_name = OP
+
+    k_tile: int = tunable(
+        512, (128, 256, 512), "modeled: one full PSUM bank of scores per exp/reduce pass"
+    )
+    kv_block: int = tunable(
+        4096,
+        (512, 4096, 8192),
+        "modeled: K/V of a 4096-token head stay resident, loaded once per KV head",
+    )
+    load_transpose: str = tunable(
+        "pe", ("pe", "dma", "strided"), "correctness: valid for every dtype and target"
+    )
+    p_transpose: str = tunable(
+        "pe", ("pe", "vector"), "modeled: one TensorE transpose per 128 keys, not 16 VectorE ones"
+    )
+
+
+@dataclass(frozen=True)
+class FlashAttentionPlan(nl.NKIObject):
+    """Tiles, loop counts and budgets of one flash attention forward, derived once by
+    :func:`plan` and read by the kernel (a compile-time argument) and the budget check."""
+
+    b: int
+    h: int
+    hkv: int
+    sq: int
+    sk: int
+    d: int
+    causal: bool
+    scale: float  # the softmax scale in use
+    q_tile: int  # query rows per tile: the partition count
+    d_tile: int  # contraction rows of D per matmul: the partition count
+    d_tiles: int  # partition tiles D spans (1 for D <= 128, 2 above)
+    k_tile: int  # keys per score tile
+    kv_block: int  # K/V rows per SBUF block (clipped to Sk, a multiple of k_tile)
+    kv_blocks: int  # blocks along Sk; 1 means K/V resident per KV head
+    load_transpose: str
+    p_transpose: str
+    pe_transpose_keeps_dtype: bool  # TensorE transposes keep the dtype in PSUM (v3+)
+    vector_transpose: int  # VectorE transpose block edge (32)
+    sbuf_bytes: int
+    psum_banks: int
+
+
+def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target):
+    """The tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``.
+
+    Raises:
+        LimitError: a DMA transpose on a target or dtype that has none, a k_tile wider than
+            one PSUM bank of fp32 scores, or a head dim above :data:`MAX_HEAD_DIM`.
+    """
+    b, h, hkv = problem["b"], problem["h"], problem["hkv"]
+    sq, sk, d = problem["sq"], problem["sk"], problem["d"]
+    causal = bool(problem.get("causal", False))
+    scale = resolve_scale(problem.get("scale"), d)
+    if config.load_transpose == "dma":
+        if not target.has_dma_transpose:
+            raise LimitError(
+                OP,
+                "config load_transpose",
+                f"must not be 'dma' on {target.name} (DMA transpose needs trn2+)",
+                "dma",
+            )
+        if ITEMSIZE[dtype] != 2:
+            raise LimitError(
+                OP,
+                "config load_transpose",
+                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
+                f"dma with {dtype}",
+            )
+    if config.k_tile > target.psum_bank_fmax or config.k_tile > target.gemm_moving_fmax:
+        raise LimitError(
+            OP,
+            "config k_tile",
+            f"must be <= {min(target.psum_bank_fmax, target.gemm_moving_fmax)} "
+            "(one PSUM bank of fp32 scores)",
+            config.k_tile,
+        )
+    d_tile = target.pmax
+    d_tiles = ceil_div(d, d_tile)
+    if d > MAX_HEAD_DIM:
+        raise LimitError(OP, "head dim", f"must be <= {MAX_HEAD_DIM}", d, limit=MAX_HEAD_DIM)
+    q_tile = target.pmax
+    kv_rows = min(config.kv_block, ceil_div(sk, config.k_tile) * config.k_tile)
+    kv_blocks = ceil_div(sk, kv_rows)
+    item = ITEMSIZE[dtype]
+    kv_chunks = ceil_div(min(kv_rows, sk), target.pmax)
+    # Per partition: the K^T and V blocks, q^T, then one key tile's working set, counted
+    # twice (a tile of the next step is allocated while this step's is still live).
+    sbuf = d_tiles * min(kv_rows, sk) * item + kv_chunks * d * item + d_tiles * q_tile * item
+    if config.load_transpose == "pe":
+        sbuf += 2 * d * item  # q rows and K rows awaiting their TensorE transpose
+    step = config.k_tile * 4 + config.k_tile * item + 2 * q_tile * item  # scores, P, P^T
+    step += 2 * d * 4 + 8 * 4  # O accumulators (old and new) and the [q, 1] columns
+    sbuf += 2 * step + d * item  # + the output rows in the output dtype
+    banks = 2 + (config.p_transpose == "pe") + (config.load_transpose == "pe")
+    return FlashAttentionPlan(
+        b=b,
+        h=h,
+        hkv=hkv,
+        sq=sq,
+        sk=sk,
+        d=d,
+        causal=causal,
+        scale=scale,
+        q_tile=q_tile,
+        d_tile=d_tile,
+        d_tiles=d_tiles,
+        k_tile=config.k_tile,
+        kv_block=kv_rows,
+        kv_blocks=kv_blocks,
+        load_transpose=config.load_transpose,
+        p_transpose=config.p_transpose,
+        pe_transpose_keeps_dtype=target.has_transpose_mode,
+        vector_transpose=target.vector_transpose_max,
+        sbuf_bytes=sbuf,
+        psum_banks=banks,
+    )
+
+
+# -- the NKI kernel ------------------------------------------------------------------------
+
+
+def _load_transposed(src, dst, rows, plan):
+    """Fill ``dst[d, t, r]`` (D on partitions, D tile ``t``) with ``src[r, t * d_tile + d]``
+    for a ``[rows, D]`` HBM view ``src``, in chunks of ``d_tile`` rows."""
+    dt, d = plan.d_tile, plan.d
+    for r0 in range(0, rows, dt):
+        rs = min(dt, rows - r0)
+        if plan.load_transpose == "pe":
+            staged = nl.ndarray((rs, d), dtype=src.dtype, buffer=nl.sbuf, name="rows")
+            nisa.dma_copy(dst=staged, src=src[r0 : r0 + rs, 0:d])
+        for t in range(plan.d_tiles):
+            d0 = t * dt
+            ds = min(dt, d - d0)
+            if plan.load_transpose == "pe":
+                psum_dtype = src.dtype if plan.pe_transpose_keeps_dtype else nl.float32
+                tp = nl.ndarray((ds, rs), dtype=psum_dtype, buffer=nl.psum, name="rows_t")
+                nisa.nc_transpose(dst=tp, data=staged[0:rs, d0 : d0 + ds])
+                nisa.tensor_copy(dst=dst[0:ds, t, r0 : r0 + rs], src=tp)
+            elif plan.load_transpose == "dma":
+                nisa.dma_transpose(
+                    dst=dst[0:ds, t, r0 : r0 + rs], src=src[r0 : r0 + rs, d0 : d0 + ds]
+                )
+            else:
+                nisa.dma_copy(
+                    dst=dst[0:ds, t, r0 : r0 + rs],
+                    src=src[r0 : r0 + rs, d0 : d0 + ds].permute((1, 0)),
+                )
+
+
+def _load_kv_block(k, v, b, kvh, r0, rows, plan):
+    """K^T ``[D, rows]`` and V ``[128, chunks, D]`` of keys ``r0 .. r0 + rows`` in SBUF."""
+    dt, d = plan.d_tile, plan.d
+    kt = nl.ndarray((min(dt, d), plan.d_tiles, rows), dtype=k.dtype, buffer=nl.sbuf, name="k_t")
+    _load_transposed(k[b, kvh, r0 : r0 + rows, 0:d], kt, rows, plan)
+    chunks = (rows + dt - 1) // dt
+    vb = nl.ndarray((min(dt, rows), chunks, d), dtype=v.dtype, buffer=nl.sbuf, name="v_blk")
+    for c in range(chunks):
+        cs = min(dt, rows - c * dt)
+        nisa.dma_copy(dst=vb[0:cs, c, 0:d], src=v[b, kvh, r0 + c * dt : r0 + c * dt + cs, 0:d])
+    return kt, vb
+
+
+def _transpose_p(p_sb, qs, c0, cs, plan):
+    """P^T ``[cs, qs]`` in SBUF of the ``cs`` key columns of ``p_sb`` from ``c0``."""
+    p_t = nl.ndarray((cs, qs), dtype=p_sb.dtype, buffer=nl.sbuf, name="p_t")
+    if plan.p_transpose == "pe":
+        psum_dtype = p_sb.dtype if plan.pe_transpose_keeps_dtype else nl.float32
+        tp = nl.ndarray((cs, qs), dtype=psum_dtype, buffer=nl.psum, name="p_t_psum")
+        nisa.nc_transpose(dst=tp, data=p_sb[0:qs, c0 : c0 + cs])
+        nisa.tensor_copy(dst=p_t, src=tp)
+    else:
+        e = plan.vector_transpose
+        for i0 in range(0, qs, e):
+            i_s = min(e, qs - i0)
+            for j0 in range(0, cs, e):
+                js = min(e, cs - j0)
+                nisa.nc_transpose(
+                    dst=p_t[j0 : j0 + js, i0 : i0 + i_s],
+                    data=p_sb[i0 : i0 + i_s, c0 + j0 : c0 + j0 + js],
+                    engine=nisa.engine.vector,
+                )
+    return p_t
+
+
+def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
+    """One key tile's scores: (source for the exp, its scale, whether it holds the max of
+    scale * S (else the min, for a negative scale)). Tiles crossing the causal diagonal are
+    scaled into SBUF and masked there (GpSimd cannot read PSUM)."""
+    s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
+    for t in range(plan.d_tiles):
+        ds = min(plan.d_tile, plan.d - t * plan.d_tile)
+        nisa.nc_matmul(
+            dst=s_ps,
+            stationary=q_t[0:ds, t, 0:qs],
+            moving=kt[0:ds, t, kk0 : kk0 + ks],
+            accumulate=t > 0,
+        )
+    offset = plan.sk - plan.sq
+    if plan.causal and k0 + ks - 1 > q0 + offset:
+        s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+        nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
+        # keep key j = k0 + f for query i = q0 + p iff (q0 + offset - k0) + p - f >= 0
+        nisa.affine_select(
+            dst=s_sb,
+            pattern=[[-1, ks]],
+            channel_multiplier=1,
+            on_true_tile=s_sb,
+            on_false_value=MASK_FILL,
+            cmp_op=nl.greater_equal,
+            offset=q0 + offset - k0,
+        )
+        return s_sb, 1.0
+    return s_ps, plan.scale
+
+
+def _attend_query_tile(q, out, lse, kv, k, v, b, h, kvh, q0, plan):
+    """Online softmax over the visible keys of query rows ``q0 .. q0 + qs`` of head ``h``."""
+    d = plan.d
+    qs = min(plan.q_tile, plan.sq - q0)
+    offset = plan.sk - plan.sq
+    # Keys j < k_end are visible to some row of the tile; rows i < Sq - Sk see none.
+    k_end = min(plan.sk, q0 + qs + offset) if plan.causal else plan.sk
+    n_dead = min(qs, max(0, -(q0 + offset))) if plan.causal else 0
+    o_out = nl.ndarray((qs, d), dtype=out.dtype, buffer=nl.sbuf, name="o_out")
+    lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
+    if k_end <= 0:
+        # Trace-time skip: no key is visible to any row of this tile.
+        nisa.memset(dst=o_out, value=0.0)
+        nisa.memset(dst=lse_t, value=float("-inf"))
+    else:
+        q_t = nl.ndarray(
+            (min(plan.d_tile, d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
+        )
+        _load_transposed(q[b, h, q0 : q0 + qs, 0:d], q_t, qs, plan)
+        neg_max = row_sum = o_acc = None
+        for blk in range((k_end + plan.kv_block - 1) // plan.kv_block):
+            r0 = blk * plan.kv_block
+            rows = min(plan.kv_block, plan.sk - r0)
+            kt, vb = kv if kv is not None else _load_kv_block(k, v, b, kvh, r0, rows, plan)
+            for kk0 in range(0, min(rows, k_end - r0), plan.k_tile):
+                k0 = r0 + kk0
+                ks = min(plan.k_tile, rows - kk0, k_end - k0)
+                src, act_scale = _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan)
+                # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
+                ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
+                nisa.tensor_reduce(
+                    dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1
+                )
+                new_neg_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_m")
+                if neg_max is None:
+                    nisa.tensor_scalar(
+                        dst=new_neg_max, data=ext, op0=nl.multiply, operand0=-act_scale
+                    )
+                else:  # -max(m_old, m_tile) = min(-m_old, -m_tile)
+                    nisa.tensor_scalar(
+                        dst=new_neg_max,
+                        data=ext,
+                        op0=nl.multiply,
+                        operand0=-act_scale,
+                        op1=nl.minimum,
+                        operand1=neg_max,
+                    )
+                # P = exp(scale * S - m_new), summed per row by the activation's accumulator.
+                p_sb = nl.ndarray((qs, ks), dtype=q.dtype, buffer=nl.sbuf, name="p")
+                tile_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_sum")
+                nisa.activation(
+                    dst=p_sb,
+                    op=nl.exp,
+                    data=src,
+                    bias=new_neg_max,
+                    scale=act_scale,
+                    reduce_op=nl.add,
+                    reduce_res=tile_sum,
+                    reduce_cmd=nisa.reduce_cmd.reset_reduce,
+                )
+                # O_tile = P V, contracting 128 keys at a time on TensorE.
+                o_ps = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.psum, name="o_psum")
+                n_c = (ks + plan.d_tile - 1) // plan.d_tile
+                for c in range(n_c):
+                    c0 = c * plan.d_tile
+                    cs = min(plan.d_tile, ks - c0)
+                    p_t = _transpose_p(p_sb, qs, c0, cs, plan)
+                    nisa.nc_matmul(
+                        dst=o_ps,
+                        stationary=p_t,
+                        moving=vb[0:cs, (kk0 + c0) // plan.d_tile, 0:d],
+                        accumulate=c > 0,
+                    )
+                new_acc = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.sbuf, name="o_acc")
+                if neg_max is None:
+                    row_sum = tile_sum
+                    nisa.tensor_copy(dst=new_acc, src=o_ps)
+                else:
+                    # alpha = exp(m_old - m_new) rescales the running sum and accumulator.
+                    alpha = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="alpha")
+                    nisa.activation(
+                        dst=alpha, op=nl.exp, data=neg_max, bias=new_neg_max, scale=-1.0
+                    )
+                    new_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="l")
+                    nisa.scalar_tensor_tensor(
+                        dst=new_sum,
+                        data=row_sum,
+                        op0=nl.multiply,
+                        operand0=alpha,
+                        op1=nl.add,
+                        operand1=tile_sum,
+                    )
+                    nisa.scalar_tensor_tensor(
+                        dst=new_acc,
+                        data=o_acc,
+                        op0=nl.multiply,
+                        operand0=alpha,
+                        op1=nl.add,
+                        operand1=o_ps,
+                    )
+                    row_sum = new_sum
+                neg_max, o_acc = new_neg_max, new_acc
+        # out = O / l; lse = log(l) + m.
+        recip = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
+        nisa.reciprocal(dst=recip, data=row_sum)
+        nisa.tensor_scalar(dst=o_out, data=o_acc, op0=nl.multiply, operand0=recip)
+        log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
+        nisa.activation(dst=log_sum, op=nl.log, data=row_sum)
+        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=neg_max, op=nl.subtract)
+        if n_dead:
+            # Rows that see no key at all: zeros and -inf, as the contract says.
+            nisa.memset(dst=o_out[0:n_dead, 0:d], value=0.0)
+            nisa.memset(dst=lse_t[0:n_dead, 0:1], value=float("-inf"))
+    nisa.dma_copy(dst=out[b, h, q0 : q0 + qs, 0:d], src=o_out)
+    nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
+
+
+@nki.jit
+def forward(q, k, v, plan):
+    """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
+    for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM.
+
+    ``plan`` is the :class:`FlashAttentionPlan` for these shapes (a compile-time argument).
+    """
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    assert (B, H, Hkv, Sq, Sk, D) == (plan.b, plan.h, plan.hkv, plan.sq, plan.sk, plan.d), (
+        "flash_attention: the plan was made for other shapes"
+    )
+    out = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="out")
+    lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="lse")
+    group = H // Hkv
+    for b in range(B):
+        for kvh in range(Hkv):
+            # K/V resident: loaded once, shared by every query tile of the group's heads.
+            kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
+            for g in range(group):
+                for q0 in range(0, Sq, plan.q_tile):
+                    _attend_query_tile(q, out, lse, kv, k, v, b, kvh * group + g, kvh, q0, plan)
+    return out, lse
+
+
+# -- op-level glue: problem, launch, inputs ---------------------------------------------------
+
+
+def problem(q, k, v, causal=False, softmax_scale=None) -> dict:
+    """The sizes that select configs and limits (shape syntax ``BxHxHKVxSQxSKxD``), plus
+    ``causal`` and the softmax ``scale`` in use (``None``: 1/sqrt(D))."""
+    b, h, sq, d = q.shape
+    return {
+        "b": b,
+        "h": h,
+        "hkv": k.shape[1],
+        "sq": sq,
+        "sk": k.shape[2],
+        "d": d,
+        "causal": bool(causal),
+        "scale": softmax_scale,
+    }
+
+
+def _forward_kernels(q, k, v, causal, softmax_scale, config, runner, op):
+    """``(out, lse)`` through the forward kernel; empty shapes and Sk = 0 (every row masked)
+    never launch it."""
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    if b == 0 or h == 0 or sq == 0 or sk == 0:
+        out = torch.zeros((b, h, sq, d), dtype=q.dtype, device=q.device)
+        lse = torch.full((b, h, sq), float("-inf"), dtype=torch.float32, device=q.device)
+        return out, lse
+    spec = REGISTRY_BY_NAME[op]
+    tiles = spec.check(
+        problem(q, k, v, causal, softmax_scale), dtype_name(q), config, runner.target
+    )
+    out, lse = runner(forward, q.contiguous(), k.contiguous(), v.contiguous(), tiles)
+    return out, lse.reshape(b, h, sq)
+
+
+def run_kernels_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    *,
+    config: FlashAttentionConfig,
+    runner,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out [B, H, Sq, D], lse [B, H, Sq] fp32)`` for BHSD q, k, v."""
+    return _forward_kernels(q, k, v, causal, softmax_scale, config, runner, FWD_OP)
+
+
+def run_kernels(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    *,
+    config: FlashAttentionConfig,
+    runner,
+) -> torch.Tensor:
+    """``out [B, H, Sq, D]`` for BHSD q, k, v."""
+    return _forward_kernels(q, k, v, causal, softmax_scale, config, runner, OP)[0]
+
+
+def reference_fwd(q, k, v, causal=False, softmax_scale=None, upcast=True):
+    """``(out, lse)``: :func:`attention_reference`."""
+    return attention_reference(q, k, v, causal, softmax_scale, upcast)
+
+
+def reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
+    """``out``: the first output of :func:`attention_reference`."""
+    return attention_reference(q, k, v, causal, softmax_scale, upcast)[0]
+
+
+def _validate(op):
+    def validate(q, k, v, causal=False, softmax_scale=None) -> None:
+        validate_attention(op, q, k, v, causal, softmax_scale)
+
+    validate.__doc__ = f"Refuse bad {op} input before any work (:func:`validate_attention`)."
+    return validate
+
+
+def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
+    """q, k, v ~ N(0, 1) in ``dtype`` (scores O(1) at the default scale), causal and scale
+    from ``problem``. H is rounded down to a multiple of Hkv (at least Hkv), so that any
+    drawn (H, Hkv) is a valid GQA problem."""
+    b, hkv, sq, sk, d = (problem[x] for x in ("b", "hkv", "sq", "sk", "d"))
+    h = max(hkv, problem["h"] - problem["h"] % hkv) if hkv else problem["h"]
+    t = getattr(torch, dtype)
+    q = torch.randn(b, h, sq, d, generator=generator).to(t)
+    k = torch.randn(b, hkv, sk, d, generator=generator).to(t)
+    v = torch.randn(b, hkv, sk, d, generator=generator).to(t)
+    return q, k, v, bool(problem.get("causal", False)), problem.get("scale")
+
+
+def shape_bucket(problem: dict) -> str:
+    """Sizes rounded up to powers of two (Sq, Sk at least 128), exact H, Hkv and D (they
+    fix the kernel's loops), causal; the scale does not change the tiles."""
+
+    def pow2(x: int) -> int:
+        return max(128, 1 << (max(1, x) - 1).bit_length())
+
+    return (
+        f"b{pow2(problem['b'])}_h{problem['h']}_hkv{problem['hkv']}_sq{pow2(problem['sq'])}"
+        f"_sk{pow2(problem['sk'])}_d{problem['d']}_causal{str(bool(problem.get('causal'))).lower()}"
+    )
+
+
+def _bad_inputs(op):
+    def bad_inputs():
+        """One bad input per op-boundary limit: (args, the argument the error must name)."""
+        f = torch.zeros
+        q, kv = f(1, 4, 8, 16), f(1, 2, 8, 16)
+        return [
+            ((f(4, 8, 16), kv, kv), "q rank"),
+            ((q, f(2, 8, 16), kv), "k rank"),
+            ((q, kv, f(1, 2, 8)), "v rank"),
+            ((q, f(1, 2, 8, 8), kv), "k.shape[3]"),
+            ((q, kv, f(1, 2, 8, 8)), "v.shape[3]"),
+            ((f(1, 4, 8, 300), f(1, 2, 8, 300), f(1, 2, 8, 300)), "head dim"),
+            ((q, f(1, 3, 8, 16), f(1, 3, 8, 16)), "k.shape[1]"),
+            ((q, f(2, 2, 8, 16), f(2, 2, 8, 16)), "k.shape[0]"),
+            ((q, kv, f(1, 2, 9, 16)), "v.shape[2]"),
+            ((q, kv, f(1, 1, 8, 16)), "v.shape[1]"),
+            ((q.double(), kv.double(), kv.double()), "q dtype"),
+            ((q, kv.bfloat16(), kv), "k dtype"),
+            ((q, kv, kv.half()), "v dtype"),
+            ((q, kv, f(1, 2, 8, 16, device="meta")), "v device"),
+            ((q, kv, kv, False, float("nan")), "softmax_scale"),
+        ]
+
+    return bad_inputs
+
+
+def _setup_context(ctx, q, k, v, causal, softmax_scale, output):
+    ctx.causal, ctx.softmax_scale = causal, softmax_scale
+    ctx.save_for_backward(q, k, v)
+
+
+def _backward(ctx, grad_out):
+    """Recompute (out, lse) with the forward op, then the backward op: dq, dk, dv."""
+    q, k, v = ctx.saved_tensors
+    if q.numel() == 0 or k.shape[2] == 0:  # nothing attended: every gradient is zero
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None
+    out, lse = torch.ops.neuron.flash_attention_fwd(q, k, v, ctx.causal, ctx.softmax_scale)
+    dq, dk, dv = torch.ops.neuron.flash_attention_bwd(
+        grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale
+    )
+    return dq, dk, dv, None, None
+
+
+_TOLERANCES = {
+    # Chosen before the kernel ran. fp32: exact inputs; fp32 sums of <= 256 products per
+    # score, fp32 exp and online rescaling over up to a few thousand keys: ~1e-6 relative.
+    "float32": Tolerance(2e-5, 2e-5, "fp32 scores, exp and rescaled sums over Sk keys"),
+    # bf16/fp16: P is rounded to the input dtype for P V (0.5 ulp per weight, all of one
+    # sign in the worst case: |v|max * 2^-9 ~ 4 * 2^-9 for N(0, 1) values), then one
+    # rounding of out (0.5 ulp relative). lse stays fp32 and is held to the same bound.
+    "bfloat16": Tolerance(1e-2, 2**-7, "P rounded to bf16 for P V, one bf16 rounding of out"),
+    "float16": Tolerance(1.5e-3, 2**-10, "P rounded to fp16 for P V, one fp16 rounding of out"),
+}
+
+_TEST_PROBLEMS = {
+    # causal: drawn as 0/1 and turned into a bool by make_inputs.
+    "ranges": {
+        "b": (1, 2),
+        "h": (1, 4),
+        "hkv": (1, 2),
+        "sq": (1, 300),
+        "sk": (1, 600),
+        "d": (1, 256),
+        "causal": (0, 1),
+    },
+    "edges": (1, 127, 128, 129, 513),
+    # every config runs here: GQA, remainder tiles, causal with Sq < Sk, D not a power of two
+    "probe": {"b": 1, "h": 2, "hkv": 1, "sq": 130, "sk": 260, "d": 72, "causal": True},
+    # budgets bind here (trace-only): long K/V blocks of the widest head in SBUF
+    "large": {"b": 1, "h": 1, "hkv": 1, "sq": 256, "sk": 8192, "d": 256, "causal": False},
+    # empty sizes the op accepts (D = 0 is refused as a head dim; Hkv = 0 cannot divide H)
+    "empty": [
+        {"b": 0, "h": 2, "hkv": 1, "sq": 130, "sk": 260, "d": 72, "causal": True},
+        {"b": 1, "h": 2, "hkv": 1, "sq": 0, "sk": 260, "d": 72, "causal": True},
+        {"b": 1, "h": 2, "hkv": 1, "sq": 130, "sk": 0, "d": 72, "causal": False},
+    ],
+}
+
+_BUDGET_HINTS = {"sbuf": "lower kv_block (K/V rows held in SBUF) or k_tile"}
+
+FWD_OP = "flash_attention_fwd"
+
+FWD_SPEC = register(
+    OpSpec(
+        name=FWD_OP,
+        config=FlashAttentionConfig,
+        plan=plan,
+        run_kernels=run_kernels_fwd,
+        reference=reference_fwd,
+        validate=_validate(FWD_OP),
+        problem=problem,
+        tolerances=_TOLERANCES,
+        make_inputs=make_inputs,
+        test_problems=_TEST_PROBLEMS,
+        shape_bucket=shape_bucket,
+        kernels=(forward,),
+        bad_inputs=_bad_inputs(FWD_OP),
+        budget_hints=_BUDGET_HINTS,
+        description="Flash attention forward, (out, lse): online softmax on TensorE/ScalarE",
+    )
+)
+
+SPEC = register(
+    OpSpec(
+        name=OP,
+        config=FlashAttentionConfig,
+        plan=plan,
+        run_kernels=run_kernels,
+        reference=reference,
+        validate=_validate(OP),
+        problem=problem,
+        tolerances=_TOLERANCES,
+        make_inputs=make_inputs,
+        test_problems=_TEST_PROBLEMS,
+        shape_bucket=shape_bucket,
+        kernels=(forward,),
+        autograd=(_setup_context, _backward),
+        bad_inputs=_bad_inputs(OP),
+        budget_hints=_BUDGET_HINTS,
+        description="Flash attention (BHSD, GQA, causal bottom-right) with autograd",
+    )
+)
+
+REGISTRY_BY_NAME = {FWD_OP: FWD_SPEC, OP: SPEC}
