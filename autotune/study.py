@@ -95,25 +95,34 @@ def study_name(spec, point: Point, target: str, backend: str) -> str:
 
 
 def _counted(t) -> bool:
-    """A trial that spent the budget: finished, or failed by the gate. A trial failed by the
-    heartbeat (its worker died) is not counted: its config is enqueued again."""
-    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+    """A trial that spent the budget: a measurement, a pruned config, or a gate failure. A
+    repeat of a measured config (answered from the study) is not counted, nor is a trial
+    failed by the heartbeat (its worker died; its config is enqueued again)."""
+    if t.state == TrialState.COMPLETE:
+        return "duplicate_of" not in t.user_attrs
+    if t.state == TrialState.PRUNED:
         return True
     return t.state == TrialState.FAIL and "failed" in t.user_attrs
 
 
+CONVERGED_AFTER = 25  # this many repeats in a row: the sampler proposes nothing new
+
+
 class _Budget:
-    """Stops a worker once the study holds ``trials`` counted trials, or every config of
-    the space has been tried."""
+    """Stops a worker once the study holds ``trials`` counted trials, every config of the
+    space has been tried, or the sampler has converged (:data:`CONVERGED_AFTER`)."""
 
     def __init__(self, trials: int, space_size: int) -> None:
         self.trials, self.space_size = trials, space_size
 
     def done(self, study) -> bool:
-        trials = [t for t in study.get_trials(deepcopy=False) if _counted(t)]
+        finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+        counted = [t for t in finished if _counted(t)]
+        tail = finished[-CONVERGED_AFTER:]
         return (
-            len(trials) >= self.trials
-            or len({params_key(t.params) for t in trials}) >= self.space_size
+            len(counted) >= self.trials
+            or len({params_key(t.params) for t in counted}) >= self.space_size
+            or (len(tail) == CONVERGED_AFTER and all("duplicate_of" in t.user_attrs for t in tail))
         )
 
     def __call__(self, study, trial) -> None:
@@ -134,11 +143,12 @@ class PointResult:
     floor_us: float | None
     floor_engine: str
     binding_engine: str
-    trials: int  # counted trials (complete, pruned, failed by the gate)
+    trials: int  # counted trials (measured, pruned, failed by the gate; not repeats)
     measured: int  # distinct configs measured
     pruned: int
     failed: int
     orphaned: int  # trials failed by the heartbeat (a dead worker)
+    repeats: int = 0  # trials that proposed a measured config again (answered, not measured)
     written: Path | None = None
     extra: dict = field(default_factory=dict)
 
@@ -161,6 +171,7 @@ def summarize(spec, study, point: Point, source: str) -> PointResult:
     best = min(complete, key=lambda t: t.value) if complete else None
     default_key = params_key(spec.config.default().to_dict())
     defaults = [t for t in complete if params_key(t.params) == default_key]
+    repeats = sum("duplicate_of" in t.user_attrs for t in complete)
     return PointResult(
         point=point,
         study_name=study.study_name,
@@ -176,6 +187,7 @@ def summarize(spec, study, point: Point, source: str) -> PointResult:
         pruned=sum(t.state == TrialState.PRUNED for t in trials),
         failed=sum(t.state == TrialState.FAIL and "failed" in t.user_attrs for t in trials),
         orphaned=sum(t.state == TrialState.FAIL and "failed" not in t.user_attrs for t in trials),
+        repeats=repeats,
     )
 
 
@@ -183,7 +195,7 @@ def _optimize(
     spec,
     point: Point,
     target: str,
-    backend_name: str,
+    backend_name,
     storage_url: str,
     name: str,
     trials: int,
@@ -202,7 +214,8 @@ def _optimize(
     budget = _Budget(trials, math.prod(len(c) for c in space.values()))
     if budget.done(study):
         return
-    objective = Objective(spec, point, target, make_backend(backend_name, target), gate=gate)
+    backend = make_backend(backend_name, target) if isinstance(backend_name, str) else backend_name
+    objective = Objective(spec, point, target, backend, gate=gate)
     study.optimize(
         objective,
         timeout=timeout,
@@ -260,7 +273,7 @@ def tune(
     trials: int = 100,
     timeout: float | None = None,
     storage_url: str | None = None,
-    backend: str = "model",
+    backend="model",
     jobs: int = 1,
     seed: int | None = 0,
     sampler: str = "tpe",
@@ -270,16 +283,24 @@ def tune(
     gate: Callable = gate_reason,
     heartbeat: tuple[int, int] | None = None,
 ) -> list[PointResult]:
-    """Tune ``spec`` at each point; returns one :class:`PointResult` per point (see module)."""
+    """Tune ``spec`` at each point; returns one :class:`PointResult` per point (see module).
+
+    ``backend`` is ``"model"``, ``"hardware"`` or an object with ``name``, ``source`` and
+    ``measure(spec, problem, dtype, config)`` (tests pass synthetic ones; ``jobs`` 1 then).
+    """
     from neuron_kernels.autotune.storage import default_storage_url
 
     storage_url = storage_url or default_storage_url()
     storage = open_storage(storage_url, *(heartbeat or ()))
     make_sampler(sampler, spec.config.space(), seed, trials)  # refuse a bad sampler up front
-    source = "modeled" if backend == "model" else "hardware"
+    if isinstance(backend, str):
+        source = "modeled" if backend == "model" else "hardware"
+        backend_label = backend
+    else:
+        source, backend_label = backend.source, backend.name
     out = []
     for point in points:
-        name = study_name(spec, point, target, backend)
+        name = study_name(spec, point, target, backend_label)
         study = optuna.create_study(
             study_name=name, storage=storage, direction="minimize", load_if_exists=True
         )
@@ -330,7 +351,7 @@ def tune(
         result = summarize(spec, study, point, source)
         if write and result.best_config is not None:
             result.written = results.write_entry(
-                spec, _entry(spec, result, backend), target, results_root
+                spec, _entry(spec, result, backend_label), target, results_root
             )
         out.append(result)
     return out
