@@ -31,7 +31,7 @@ from typing import Any
 
 __all__ = ["OFFICIAL_MODULES", "rebound_to_interpreter", "unwrap_kernel"]
 
-OFFICIAL_MODULES = ("nki", "nki.language", "nki.isa")
+OFFICIAL_MODULES = ("nki", "nki.language", "nki.isa", "nki.typing")
 _LOCK = threading.RLock()
 _ACTIVE: dict[int, int] = {}  # id(globals dict) -> nesting depth of runs that rebound it
 
@@ -39,7 +39,12 @@ _ACTIVE: dict[int, int] = {}  # id(globals dict) -> nesting depth of runs that r
 def _ours() -> dict[str, types.ModuleType]:
     from neuron_kernels.interpreter import nki
 
-    return {"nki": nki, "nki.language": nki.language, "nki.isa": nki.isa}
+    return {
+        "nki": nki,
+        "nki.language": nki.language,
+        "nki.isa": nki.isa,
+        "nki.typing": nki.typing,
+    }
 
 
 def _official_names() -> dict[int, tuple[str, str]]:

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from neuron_kernels.interpreter.errors import not_implemented as _not_implemented
 from neuron_kernels.interpreter.execution import Kernel, jit, simulate
-from neuron_kernels.interpreter.nki import isa, language
+from neuron_kernels.interpreter.nki import isa, language, typing
 
-__all__ = ["jit", "simulate", "Kernel", "language", "isa"]
+# ``nki.dtype``: the type of a dtype, used in annotations (``compute_dtype: nki.dtype``);
+# dtypes are strings in the API (``DType = str``, nki/api/nki/language/__init__.py).
+dtype = language.DType
+
+__all__ = ["jit", "simulate", "Kernel", "language", "isa", "typing", "dtype"]
 
 
 def __getattr__(name: str):

@@ -25,6 +25,7 @@ from neuron_kernels.interpreter.tensor import DynamicSlice as _DynamicSlice
 from neuron_kernels.interpreter.tensor import MemoryRegion, NKIObject, NkiTensor
 
 # -- dtypes (strings, as DType = str in the API) ----------------------------------------
+DType = str
 bool_ = "bool_"
 int8 = "int8"
 int16 = "int16"

@@ -458,6 +458,8 @@ def test_language_classes_and_constants(name):
         assert isinstance(obj, type) and issubclass(nl.NkiTensor, nl.NKIObject)
     elif name in ("average", "prelu", "bypass"):
         assert isinstance(obj, Operator) and obj.name == name
+    elif name == "DType":
+        assert obj is str  # DType = str in the stub: dtypes are their names
     elif name == "tile_size":
         for attr, want in {
             "pmax": 128,
