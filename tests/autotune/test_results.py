@@ -209,3 +209,85 @@ def test_kernel_hash_ignores_tolerances_and_docstrings_but_not_code():
 
     changed = dataclasses.replace(SPEC, run_kernels=other_run_kernels)
     assert results.kernel_hash(changed) != before
+
+
+def test_writes_merge_entries_for_other_shapes_and_dtypes(tmp_path):
+    other = {"m": 4096, "n": 4096, "k": 4096}
+    results.write_entry(SPEC, _entry(), "trn2", tmp_path)
+    results.write_entry(SPEC, _entry(shape_bucket=SPEC.shape_bucket(other)), "trn2", tmp_path)
+    results.write_entry(SPEC, _entry(dtype="float16"), "trn2", tmp_path)
+    results.write_entry(SPEC, _entry(metric={"latency_us": 0.5}), "trn2", tmp_path)  # replaces
+    entries = results.load_entries(tmp_path / "trn2" / "matmul.json", "matmul", "trn2")
+    keys = sorted((e["shape_bucket"], e["dtype"]) for e in entries)
+    assert keys == sorted(
+        [
+            (SPEC.shape_bucket(PROBLEM), "bfloat16"),
+            (SPEC.shape_bucket(PROBLEM), "float16"),
+            (SPEC.shape_bucket(other), "bfloat16"),
+        ]
+    )
+    replaced = [e for e in entries if e["dtype"] == "bfloat16" and e["shape_bucket"] != keys[2][0]]
+    assert [e["metric"]["latency_us"] for e in replaced] == [0.5]
+    assert list((tmp_path / "trn2").iterdir()) == [tmp_path / "trn2" / "matmul.json"]
+
+
+def test_an_unreadable_file_is_refused_not_clobbered(tmp_path):
+    (tmp_path / "trn2").mkdir()
+    (tmp_path / "trn2" / "matmul.json").write_text("{not json")
+    with pytest.raises(ValueError):
+        results.write_entry(SPEC, _entry(), "trn2", tmp_path)
+    assert (tmp_path / "trn2" / "matmul.json").read_text() == "{not json"
+
+
+KILLED_WRITER = """
+import os, sys, time
+from pathlib import Path
+import neuron_kernels.autotune.results as results
+from neuron_kernels.kernels import matmul
+
+real_fdopen = os.fdopen
+
+def fdopen_that_stalls(fd, *args, **kwargs):  # half of the new file, then the kill comes
+    f = real_fdopen(fd, *args, **kwargs)
+    write = f.write
+    def half(text):
+        write(text[: len(text) // 2]); f.flush()
+        Path(sys.argv[2]).write_text("half written")
+        time.sleep(600)
+    f.write = half
+    return f
+
+os.fdopen = fdopen_that_stalls
+entry = eval(sys.argv[3])
+results.write_entry(matmul.SPEC, entry, "trn2", Path(sys.argv[1]))
+"""
+
+
+def test_a_kill_mid_write_leaves_the_old_file_intact(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = results.write_entry(SPEC, _entry(), "trn2", tmp_path)
+    old = path.read_text()
+    marker = tmp_path / "marker"
+    other = _entry(shape_bucket="m4096_n4096_k4096")
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(tmp_path), str(marker), repr(other)]
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait()
+    assert path.read_text() == old
+    assert len(results.load_entries(path, "matmul", "trn2")) == 1
+    # the torn temporary file is not a results file: lookups and the next write ignore it
+    assert [p.name for p in (tmp_path / "trn2").glob("*.json")] == ["matmul.json"]
+    results.write_entry(SPEC, other, "trn2", tmp_path)
+    assert len(results.load_entries(path, "matmul", "trn2")) == 2
