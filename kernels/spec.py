@@ -214,6 +214,9 @@ class OpSpec:
         bad_inputs: ``bad_inputs() -> [(op_args, arg_name), ...]``: one bad input per
             op-boundary limit, with the argument the error must name.
         budget_hints: ``{"sbuf": ..., "psum": ...}``: how to fix a config over budget.
+        mutates: names of the (tensor or tensor-list) arguments the op updates in place.
+            Such an op returns None; its reference updates the same arguments (the
+            contract tests compare them), and ``torch_ops`` declares them as mutated.
     """
 
     name: str
@@ -235,6 +238,7 @@ class OpSpec:
     bad_inputs: Callable[[], list] | None = None
     budget_hints: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    mutates: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.parse_shape is None:

@@ -33,7 +33,14 @@ def op_signature(spec: OpSpec) -> inspect.Signature:
 
 
 def _tensors(args):
-    return [a for a in args if isinstance(a, torch.Tensor)]
+    """The tensors among ``args``, also inside tensor-list arguments, in order."""
+    out = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.extend(t for t in a if isinstance(t, torch.Tensor))
+        elif isinstance(a, torch.Tensor):
+            out.append(a)
+    return out
 
 
 def register_op(spec: OpSpec):
@@ -50,7 +57,10 @@ def register_op(spec: OpSpec):
     def default_impl(*args, **kwargs):
         args = bind(args, kwargs)
         spec.validate(*args)
-        device = _tensors(args)[0].device
+        tensors = _tensors(args)
+        if not tensors:  # e.g. empty tensor lists: nothing to compute, no device to pick
+            return spec.reference(*args, upcast=False)
+        device = tensors[0].device
         if routing.kernels_disabled():  # the rollback switch: reference math everywhere
             return spec.reference(*args, upcast=False)
         if device.type == "cpu" and routing.current_cpu_mode() == "interpret":
@@ -62,11 +72,15 @@ def register_op(spec: OpSpec):
     default_impl.__signature__ = sig
     default_impl.__name__ = spec.name
     default_impl.__doc__ = spec.description
-    op = torch.library.custom_op(f"{NAMESPACE}::{spec.name}", default_impl, mutates_args=())
+    op = torch.library.custom_op(
+        f"{NAMESPACE}::{spec.name}", default_impl, mutates_args=tuple(spec.mutates)
+    )
 
     def fake_impl(*args, **kwargs):
         args = bind(args, kwargs)
         spec.validate(*args)
+        if spec.mutates:  # an in-place op returns nothing
+            return None
         device = _tensors(args)[0].device
         outs = [
             torch.empty(shape, dtype=dtype, device=device)

@@ -101,7 +101,11 @@ def cpu_runner() -> FunctionRunner:
 
 
 def select_config(spec, args, target) -> results.ConfigChoice:
-    """The tuned config for this call's problem, dtype and target, else the default."""
+    """The tuned config for this call's problem, dtype and target, else the default (the
+    dtype is the first argument's, or its first tensor's for a tensor-list argument)."""
+    first = args[0]
+    if isinstance(first, (list, tuple)) and first:
+        first = first[0]
     return results.lookup(
-        spec, spec.problem(*args), dtype_name(args[0]), target_from_name(target).name
+        spec, spec.problem(*args), dtype_name(first), target_from_name(target).name
     )

@@ -19,6 +19,7 @@ from neuron_kernels.interpreter import NkiValidationError
 from neuron_kernels.kernels import REGISTRY
 from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
 from neuron_kernels.torch_ops import cpu_mode, routing
+from neuron_kernels.torch_ops.library import op_signature
 
 OPS = sorted(REGISTRY)
 
@@ -45,6 +46,46 @@ def _inputs(spec, problem, dtype, seed=0):
     return spec.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
 
 
+def _copies(args, dtype=None):
+    """Fresh copies of every tensor argument (also inside tensor lists), as ``dtype`` if given."""
+
+    def copy(a):
+        if isinstance(a, torch.Tensor):
+            return a.detach().clone() if dtype is None else a.detach().to(dtype)
+        if isinstance(a, (list, tuple)):
+            return type(a)(copy(t) for t in a)
+        return a
+
+    return tuple(copy(a) for a in args)
+
+
+def _mutated(spec, args) -> list:
+    """The tensors an in-place op updates (its ``spec.mutates`` arguments), flattened."""
+    names = list(op_signature(spec).parameters)
+    out = []
+    for name in spec.mutates:
+        value = args[names.index(name)]
+        out.extend(value if isinstance(value, (list, tuple)) else [value])
+    return out
+
+
+def _assert_matches_reference(spec, args, config, dtype, context, target=None):
+    """The kernel on the interpreter against the fp64 reference: the outputs, or for an
+    in-place op every tensor it updates (kernel and reference each on their own copies)."""
+    tol = spec.tolerances[dtype]
+    if not spec.mutates:
+        out = run_kernel(spec, args, config, target=target)
+        assert_within_tolerance(out, spec.reference(*args, upcast=True), tol, context)
+        return
+    ran, ref = _copies(args), _copies(args, torch.float64)
+    run_kernel(spec, ran, config, target=target)
+    spec.reference(*ref, upcast=True)
+    got, want = _mutated(spec, ran), _mutated(spec, ref)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_within_tolerance(g, w, tol, f"{context} [updated tensor {i}]")
+
+
 @pytest.mark.parametrize("name", OPS)
 def test_kernel_agrees_with_reference(name):
     """The NKI kernel on the interpreter matches the fp64 reference within the declared tolerance."""
@@ -55,11 +96,7 @@ def test_kernel_agrees_with_reference(name):
     def check(problem, dtype, seed):
         args = _inputs(spec, problem, dtype, seed)
         config = spec.config.default()
-        out = run_kernel(spec, args, config)
-        ref = spec.reference(*args, upcast=True)
-        assert_within_tolerance(
-            out, ref, spec.tolerances[dtype], f"[{name} {problem} {dtype} {config}]"
-        )
+        _assert_matches_reference(spec, args, config, dtype, f"[{name} {problem} {dtype} {config}]")
 
     check()
 
@@ -73,7 +110,20 @@ def test_opcheck(name, mode):
         torch.library.opcheck(_op(spec).default, args)
 
 
-@pytest.mark.parametrize("name", [n for n in OPS if REGISTRY[n].autograd is not None])
+def _has_autograd(spec) -> bool:
+    """The op has gradients: its own autograd, or those of the ops it is composed of."""
+    return spec.autograd is not None or spec.composite is not None
+
+
+def _differentiable(out, ref) -> list:
+    """(op output, reference output) pairs for the op's differentiable outputs (a
+    multi-output op may mark some, such as a saved statistic, non-differentiable)."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    return [(o, r) for o, r in zip(outs, refs) if o.requires_grad]
+
+
+@pytest.mark.parametrize("name", [n for n in OPS if _has_autograd(REGISTRY[n])])
 def test_autograd_matches_reference(name):
     """Gradients through the op (interpreted kernels, also in backward) match autograd of
     the fp64 reference within the op's float32 tolerance."""
@@ -85,9 +135,13 @@ def test_autograd_matches_reference(name):
     ]
     with cpu_mode("interpret"):
         out = _op(spec)(*leaves)
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-    (out * weight).sum().backward()
-    (spec.reference(*ref_leaves, upcast=True) * weight.double()).sum().backward()
+    loss = ref_loss = 0.0
+    for i, (o, r) in enumerate(_differentiable(out, spec.reference(*ref_leaves, upcast=True))):
+        weight = torch.randn(o.shape, generator=torch.Generator().manual_seed(1 + i))
+        loss = loss + (o * weight).sum()
+        ref_loss = ref_loss + (r * weight.double()).sum()
+    loss.backward()
+    ref_loss.backward()
     for got, want in zip(leaves, ref_leaves):
         if isinstance(got, torch.Tensor):
             assert_within_tolerance(
@@ -100,7 +154,7 @@ def _empty_problems():
     else its probe with each dimension in turn set to 0."""
     for name in OPS:
         spec = REGISTRY[name]
-        if spec.autograd is None:
+        if not _has_autograd(spec):
             continue
         probe = spec.test_problems["probe"]
         empty = spec.test_problems.get("empty", [{**probe, dim: 0} for dim in probe])
@@ -121,15 +175,18 @@ def test_autograd_with_an_empty_dimension(name, problem):
     with cpu_mode("interpret"):
         out = _op(spec)(*leaves)
     ref = spec.reference(*ref_leaves, upcast=True)
-    assert out.shape == ref.shape, (out.shape, ref.shape)
-    weight = torch.ones(out.shape)
-    (out * weight).sum().backward()
-    (ref * weight.double()).sum().backward()
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    assert [o.shape for o in outs] == [r.shape for r in refs], (outs, refs)
+    pairs = _differentiable(out, ref)
+    sum((o * torch.ones(o.shape)).sum() for o, _ in pairs).backward()
+    sum((r * torch.ones(r.shape, dtype=torch.float64)).sum() for _, r in pairs).backward()
     for got, want in zip(leaves, ref_leaves):
         if isinstance(got, torch.Tensor):
             assert got.grad is not None and got.grad.shape == want.grad.shape, (name, problem)
             torch.testing.assert_close(got.grad, want.grad.float(), rtol=0, atol=0)
-    torch.testing.assert_close(out, ref.float(), rtol=0, atol=0)
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o, r.to(o.dtype), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -142,6 +199,11 @@ def test_compile_fullgraph(name):
         return op(*xs)
 
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    if spec.mutates:  # an in-place op: compare what each run updated
+        eager_args, compiled_args = _copies(args), _copies(args)
+        assert compiled(*compiled_args) is None and fn(*eager_args) is None
+        torch.testing.assert_close(_mutated(spec, compiled_args), _mutated(spec, eager_args))
+        return
     torch.testing.assert_close(compiled(*args), fn(*args))
 
 
@@ -171,7 +233,6 @@ def test_every_config_is_rejected_or_runs_correctly(name):
     problem = spec.test_problems["probe"]
     dtype = "bfloat16" if "bfloat16" in spec.dtypes else spec.dtypes[0]
     args = _inputs(spec, problem, dtype)
-    ref = spec.reference(*args, upcast=True)
     ran = rejected = 0
     for config in spec.config.all_configs():
         try:
@@ -179,8 +240,7 @@ def test_every_config_is_rejected_or_runs_correctly(name):
         except LimitError:
             rejected += 1
             continue
-        out = run_kernel(spec, args, config, target="trn2")
-        assert_within_tolerance(out, ref, spec.tolerances[dtype], f"[{name} {config}]")
+        _assert_matches_reference(spec, args, config, dtype, f"[{name} {config}]", target="trn2")
         ran += 1
     assert ran > 0, "no config of the op runs on its probe problem"
 
@@ -239,12 +299,8 @@ def test_stored_perf_results_replay(name, target, entry):
     problem = spec.test_problems["probe"]
     spec.check(problem, entry["dtype"], config, target)
     args = _inputs(spec, problem, entry["dtype"])
-    out = run_kernel(spec, args, config, target=target)
-    assert_within_tolerance(
-        out,
-        spec.reference(*args, upcast=True),
-        spec.tolerances[entry["dtype"]],
-        f"[{name} stored {json.dumps(entry['config'])}]",
+    _assert_matches_reference(
+        spec, args, config, entry["dtype"], f"[{name} stored {json.dumps(entry['config'])}]", target
     )
 
 

@@ -1,0 +1,709 @@
+"""A fused multi-tensor AdamW step, in place, and its op declaration.
+
+One launch updates many tensors: each tensor's flat view is cut into contiguous chunks of
+``128 x tile_free`` elements, each chunk viewed as a ``[128, tile_free]`` tile (partition
+``p`` holds elements ``[p * tile_free, (p + 1) * tile_free)`` of the chunk, so every DMA
+row is one contiguous run of HBM); what is left after the full chunks is one
+``[128, rest // 128]`` tile and a ``[rest % 128, 1]`` tail. Flattened views, not buckets:
+no copy into or out of a staging buffer, so the HBM traffic is the minimum (read p, g, m,
+v; write p, m, v), and any tensor size works without padding.
+
+Semantics are ``torch.optim.AdamW``'s (decoupled weight decay, bias corrections from the
+step count, amsgrad, maximize, eps added outside the sqrt) with ``grad_scale`` and
+``found_inf`` as in ``torch._fused_adamw_``:
+
+    g = grad / grad_scale, negated when maximize
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g^2;   vmax = max(vmax, v) with amsgrad (then v := vmax)
+    p = p * (1 - lr * weight_decay) - lr / bc1 * m / (sqrt(v / bc2) + eps)
+    bc1 = 1 - beta1^step, bc2 = 1 - beta2^step
+
+Everything that changes between steps (lr, step counts, bias corrections, 1/grad_scale,
+found_inf) reaches the kernel as one fp32 HBM table of per-tensor coefficients computed
+on the tensors' device, so a scheduler's new lr or the next step never means a new
+kernel build; only beta1/beta2's roles, not their values, are compile-time. When
+``found_inf`` is set the coefficients turn every update into the identity (beta -> 1,
+gradient terms -> 0, decay factor -> 1) and the gradient's bits are masked to zero first,
+so inf/NaN gradients cannot leak in: params and state keep their bits (one exception,
+documented in ``reference``: a -0.0 can come back as +0.0). The step count itself is the
+caller's: like ``torch._fused_adamw_``, the kernel reads ``state_steps`` already
+incremented for this step and never writes them; ``FusedAdamW`` increments before the
+call and subtracts ``found_inf`` after it, as ``torch.optim.AdamW(fused=True)`` does.
+
+ScalarE's ``sqrt`` is valid on [2^-116, 2^118] and its ``reciprocal`` on +-[2^-42, 2^42]
+(nki.api.shared.rst, activation functions): the kernel takes ``sqrt(v / bc2 + 2^-84)``,
+which is >= 2^-42 and differs from ``sqrt(v / bc2)`` by at most 2^-42 (< 3e-13, far
+below any usable eps), so both inputs stay in range for every v >= 0 and eps >= 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from neuron_kernels.backend import nisa, nki, nl
+from neuron_kernels.errors import LimitError
+from neuron_kernels.hardware import Target
+from neuron_kernels.kernels.spec import (
+    ITEMSIZE,
+    OpSpec,
+    Tolerance,
+    TunableConfig,
+    dtype_name,
+    register,
+    tunable,
+)
+
+__all__ = [
+    "SPEC",
+    "AdamwConfig",
+    "AdamwPlan",
+    "coefficients",
+    "fused_adamw",
+    "plan",
+    "reference",
+    "run_kernels",
+]
+
+OP = "fused_adamw_"
+PARAM_DTYPES = ("float32", "bfloat16")
+GRAD_DTYPES = ("float32", "bfloat16", "float16")  # lower than fp32 only with fp32 (master) params
+ENGINE_CHOICES = ("vector", "vector_scalar", "spread")
+
+# Columns of the per-tensor coefficient table (fp32; MASK holds int32 bits).
+(
+    MASK,  # all ones, or 0 on a skipped step: ANDed into the gradient's bits
+    C_G1,  # (1 - beta1) / grad_scale, negated for maximize: m's gradient term
+    C_B1,  # beta1 (1 on a skipped step)
+    C_G2,  # sqrt(1 - beta2) / grad_scale: squared on ScalarE
+    C_G2SQ,  # (1 - beta2) / grad_scale^2: the VectorE form of the same term
+    C_B2,  # beta2 (1 on a skipped step)
+    INV_BC2,  # 1 / (1 - beta2^step)
+    TINY,  # 2^-84: keeps sqrt >= 2^-42, in ScalarE's sqrt and reciprocal ranges
+    EPS,  # eps
+    NEG_STEP,  # -lr / (1 - beta1^step) (0 on a skipped step)
+    WDF,  # 1 - lr * weight_decay (1 on a skipped step)
+    ZERO,  # an explicit zero bias for ScalarE (nki-library passes one: runtime issue without)
+) = range(12)
+N_COEFFICIENTS = 12
+SQRT_FLOOR = 2.0**-84
+
+
+@dataclass(frozen=True)
+class AdamwConfig(TunableConfig):
+    """Tile-level choices of the fused AdamW kernel.
+
+    Attributes:
+        tile_free: elements per partition of a full tile (a chunk is 128 x tile_free).
+        tensors_per_launch: tensors one launch updates (more: fewer launches; fewer: a
+            smaller unrolled kernel to compile).
+        engines: who runs the elementwise chain. "vector": VectorE alone (sqrt and
+            reciprocal as ALU ops); "vector_scalar": ScalarE takes every one-input scaling,
+            sqrt and reciprocal, VectorE the two-tile ops; "spread": as vector_scalar, with
+            GpSimdE taking the plain two-tile adds, multiplies and the amsgrad max.
+    """
+
+    op_name = OP
+
+    tile_free: int = tunable(
+        2048,
+        (512, 1024, 2048, 4096),
+        "modeled: 64 KiB per DMA engine per transfer amortises its fixed cost; 4096 does "
+        "not fit double-buffered",
+    )
+    tensors_per_launch: int = tunable(
+        64, (8, 64, 256), "modeled: one launch for a transformer layer's tensors"
+    )
+    engines: str = tunable(
+        "spread",
+        ENGINE_CHOICES,
+        "modeled: no engine exceeds the DMA time; VectorE alone binds at 2x the DMA floor",
+    )
+
+
+# -- the tile plan ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdamwPlan(nl.NKIObject):
+    """Tiles of one launch: per tensor, its chunks ``(offset, rows, cols)`` (a
+    ``[rows, cols]`` view of ``rows * cols`` contiguous elements from ``offset``), and the
+    budgets. Derived once by :func:`plan`; the kernel reads only this."""
+
+    partitions: int
+    tile_free: int
+    chunks: tuple  # per tensor: ((offset, rows, cols), ...)
+    amsgrad: bool
+    masked: bool  # found_inf given: the gradient's bits are masked
+    engines: str
+    n_coefficients: int
+    sbuf_bytes: int
+    psum_banks: int
+
+
+def _chunks(numel: int, partitions: int, tile_free: int) -> tuple:
+    """Full ``[P, tile_free]`` chunks, then one ``[P, rest // P]`` and one ``[rest % P, 1]``."""
+    out = []
+    full = partitions * tile_free
+    offset = 0
+    for _ in range(numel // full):
+        out.append((offset, partitions, tile_free))
+        offset += full
+    rest = numel - offset
+    if rest >= partitions:
+        cols = rest // partitions
+        out.append((offset, partitions, cols))
+        offset += partitions * cols
+    if numel - offset:
+        out.append((offset, numel - offset, 1))
+    return tuple(out)
+
+
+def _tiles_per_chunk(engines: str, amsgrad: bool) -> int:
+    """fp32 working tiles one chunk holds besides p and g (m, v, vmax and temporaries)."""
+    temps = {"vector": 4, "vector_scalar": 4, "spread": 5}[engines]
+    return 2 + int(amsgrad) + temps
+
+
+def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target) -> AdamwPlan:
+    """The tile plan of ``config`` for one launch.
+
+    ``problem`` gives ``tensors`` and ``numel`` (the largest tensor) and, for a real
+    launch, ``sizes`` (each tensor's element count); without ``sizes`` every tensor has
+    ``numel`` elements (the budget check). Budget: two chunks' tiles in flight (double
+    buffering, so DMA overlaps compute) plus the coefficient table.
+    """
+    sizes = problem.get("sizes") or (problem["numel"],) * problem["tensors"]
+    pmax = target.pmax
+    tile_free = config.tile_free
+    amsgrad = bool(problem.get("amsgrad", True))
+    largest = max(sizes)
+    cols = min(tile_free, max(1, largest // pmax))
+    grad_item = ITEMSIZE.get(problem.get("grad_dtype", dtype), 4)
+    chunk_bytes = cols * (
+        ITEMSIZE[dtype] + grad_item + 4 * _tiles_per_chunk(config.engines, amsgrad)
+    )
+    coef_bytes = len(sizes) * N_COEFFICIENTS * 4
+    return AdamwPlan(
+        partitions=pmax,
+        tile_free=tile_free,
+        chunks=tuple(_chunks(n, pmax, tile_free) for n in sizes),
+        amsgrad=amsgrad,
+        masked=bool(problem.get("masked", True)),
+        engines=config.engines,
+        n_coefficients=N_COEFFICIENTS,
+        sbuf_bytes=2 * chunk_bytes + coef_bytes,
+        psum_banks=0,
+    )
+
+
+# -- the NKI kernel ----------------------------------------------------------------------
+
+
+def _view(t, offset, rows, cols):
+    """``[rows, cols]`` view of the flat HBM tensor ``t`` from ``offset``."""
+    return t[offset : offset + rows * cols].reshape((rows, cols))
+
+
+def _scale(dst, src, col, zero, engine):
+    """``dst = src * col`` (col a ``(P, 1)`` fp32 tile) on ScalarE or VectorE."""
+    if engine == "vector":
+        nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=col)
+    else:
+        nisa.activation(dst=dst, op=nl.copy, data=src, scale=col, bias=zero)
+
+
+def _update_chunk(p_hbm, g_hbm, m_hbm, v_hbm, vmax_hbm, coef, base, offset, rows, cols, plan):
+    """Load one chunk of p, g, m, v (, vmax), update it, store p, m, v (, vmax)."""
+    fp32 = nl.float32
+    eng = plan.engines
+
+    def col(j):
+        return coef[0:rows, base + j : base + j + 1]
+
+    zero = col(ZERO)
+    p = nl.ndarray((rows, cols), dtype=p_hbm.dtype, buffer=nl.sbuf, name="p")
+    g = nl.ndarray((rows, cols), dtype=g_hbm.dtype, buffer=nl.sbuf, name="g")
+    m = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="m")
+    v = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="v")
+    nisa.dma_copy(dst=g, src=_view(g_hbm, offset, rows, cols))
+    nisa.dma_copy(dst=m, src=_view(m_hbm, offset, rows, cols))
+    nisa.dma_copy(dst=v, src=_view(v_hbm, offset, rows, cols))
+    nisa.dma_copy(dst=p, src=_view(p_hbm, offset, rows, cols))
+
+    if plan.masked:  # a skipped step: zero the gradient's bits, so inf/NaN cannot leak in
+        bits = nl.int32 if g.itemsize == 4 else nl.int16
+        g_bits = g.view(bits)
+        nisa.tensor_scalar(
+            dst=g_bits, data=g_bits, op0=nl.bitwise_and, operand0=col(MASK).view(nl.int32)
+        )
+
+    # m = beta1 * m + c1 * g
+    g1 = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="g1")
+    _scale(g1, g, col(C_G1), zero, eng)
+    if eng == "spread":
+        mb = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="mb")
+        _scale(mb, m, col(C_B1), zero, eng)
+        nisa.tensor_tensor(dst=m, data1=mb, data2=g1, op=nl.add, engine=nisa.engine.gpsimd)
+    else:
+        nisa.scalar_tensor_tensor(
+            dst=m, data=m, op0=nl.multiply, operand0=col(C_B1), op1=nl.add, operand1=g1
+        )
+
+    # v = beta2 * v + (1 - beta2) * g^2
+    g2 = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="g2")
+    if eng == "vector":
+        nisa.scalar_tensor_tensor(
+            dst=g2, data=g, op0=nl.multiply, operand0=col(C_G2SQ), op1=nl.multiply, operand1=g
+        )
+    else:
+        nisa.activation(dst=g2, op=nl.square, data=g, scale=col(C_G2), bias=zero)
+    nisa.scalar_tensor_tensor(
+        dst=v, data=v, op0=nl.multiply, operand0=col(C_B2), op1=nl.add, operand1=g2
+    )
+    v_used = v
+    if plan.amsgrad:
+        vmax = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="vmax")
+        nisa.dma_copy(dst=vmax, src=_view(vmax_hbm, offset, rows, cols))
+        nisa.tensor_tensor(
+            dst=vmax,
+            data1=vmax,
+            data2=v,
+            op=nl.maximum,
+            engine=nisa.engine.gpsimd if eng == "spread" else nisa.engine.vector,
+        )
+        v_used = vmax
+
+    # r = 1 / (sqrt(v / bc2 + 2^-84) + eps)
+    r = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="r")
+    if eng == "vector":  # sqrt(x) as reciprocal(rsqrt(x)): two unary ALU ops in one pass
+        nisa.tensor_scalar(
+            dst=r, data=v_used, op0=nl.multiply, operand0=col(INV_BC2), op1=nl.add,
+            operand1=col(TINY),
+        )  # fmt: skip
+        nisa.tensor_scalar(dst=r, data=r, op0=nl.rsqrt, operand0=None, op1=nl.reciprocal)
+        nisa.tensor_scalar(
+            dst=r, data=r, op0=nl.add, operand0=col(EPS), op1=nl.reciprocal, operand1=None
+        )
+    else:
+        # sqrt on ScalarE; + eps and 1/x on VectorE: NeuronCore-v2's ScalarE reciprocal
+        # takes no bias, and VectorE's ALU reciprocal is the more precise one.
+        nisa.activation(dst=r, op=nl.sqrt, data=v_used, scale=col(INV_BC2), bias=col(TINY))
+        nisa.tensor_scalar(
+            dst=r, data=r, op0=nl.add, operand0=col(EPS), op1=nl.reciprocal, operand1=None
+        )
+
+    # p = p * (1 - lr * wd) - lr / bc1 * m * r
+    u = g1  # g1 is dead: reuse its bytes for m * r
+    nisa.tensor_tensor(
+        dst=u,
+        data1=m,
+        data2=r,
+        op=nl.multiply,
+        engine=nisa.engine.gpsimd if eng == "spread" else nisa.engine.vector,
+    )
+    pw = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="pw")
+    _scale(pw, p, col(WDF), zero, eng)
+    nisa.scalar_tensor_tensor(
+        dst=p, data=u, op0=nl.multiply, operand0=col(NEG_STEP), op1=nl.add, operand1=pw
+    )
+
+    nisa.dma_copy(dst=_view(p_hbm, offset, rows, cols), src=p)
+    nisa.dma_copy(dst=_view(m_hbm, offset, rows, cols), src=m)
+    nisa.dma_copy(dst=_view(v_hbm, offset, rows, cols), src=v)
+    if plan.amsgrad:
+        nisa.dma_copy(dst=_view(vmax_hbm, offset, rows, cols), src=vmax)
+
+
+@nki.jit
+def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficients, plan):
+    """One AdamW step, in place, for tuples of flat HBM tensors.
+
+    ``params`` fp32/bf16, ``grads`` the params' dtype (or lower with fp32 params),
+    ``exp_avgs``/``exp_avg_sqs``/``max_exp_avg_sqs`` fp32 (the last empty without
+    amsgrad); ``coefficients`` ``[1, n * 12]`` fp32, tensor ``i``'s columns at ``i * 12``
+    (see the column list at the top of the module). Returns nothing: every update is in place.
+    """
+    n = len(params)
+    assert n == len(plan.chunks), "adamw: the plan was made for another tensor count"
+    P = plan.partitions
+    K = plan.n_coefficients
+    coef = nl.ndarray((P, n * K), dtype=nl.float32, buffer=nl.sbuf, name="coef")
+    nisa.dma_copy(dst=coef, src=coefficients.broadcast(0, P))  # one row to every partition
+    for i in range(n):
+        vmax = max_exp_avg_sqs[i] if plan.amsgrad else None
+        for offset, rows, cols in plan.chunks[i]:
+            _update_chunk(
+                params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], vmax, coef, i * K,
+                offset, rows, cols, plan,
+            )  # fmt: skip
+
+
+# -- op-level glue: coefficients, limits, reference -----------------------------------------
+
+
+def coefficients(
+    state_steps, lr, beta1, beta2, weight_decay, eps, maximize, grad_scale, found_inf, device
+) -> torch.Tensor:
+    """The ``[1, n * 12]`` fp32 coefficient table, computed on ``device`` without a host sync
+    (fp64 arithmetic where the device has it, then rounded once to fp32)."""
+    wide = torch.float64 if device.type == "cpu" else torch.float32
+    step = torch.stack([s.reshape(()).to(device=device, dtype=wide) for s in state_steps])
+    n = step.numel()
+    inv_scale = torch.ones((), dtype=wide, device=device)
+    if grad_scale is not None:
+        inv_scale = 1.0 / grad_scale.reshape(()).to(device=device, dtype=wide)
+    keep = torch.ones((), dtype=torch.bool, device=device)
+    if found_inf is not None:
+        keep = found_inf.reshape(()).to(device) == 0
+    sign = -1.0 if maximize else 1.0
+    bc1 = 1.0 - torch.pow(torch.tensor(beta1, dtype=wide, device=device), step)
+    bc2 = 1.0 - torch.pow(torch.tensor(beta2, dtype=wide, device=device), step)
+
+    def gated(value, identity):
+        return torch.where(keep, value, torch.as_tensor(identity, dtype=wide, device=device))
+
+    cols = [None] * N_COEFFICIENTS
+    full = torch.ones(n, dtype=wide, device=device)
+    cols[MASK] = full * 0  # written as int32 bits below
+    cols[C_G1] = full * gated((1.0 - beta1) * sign * inv_scale, -0.0)
+    cols[C_B1] = full * gated(torch.as_tensor(beta1, dtype=wide, device=device), 1.0)
+    cols[C_G2] = full * gated(math.sqrt(1.0 - beta2) * inv_scale, 0.0)
+    cols[C_G2SQ] = full * gated((1.0 - beta2) * inv_scale * inv_scale, 0.0)
+    cols[C_B2] = full * gated(torch.as_tensor(beta2, dtype=wide, device=device), 1.0)
+    cols[INV_BC2] = 1.0 / bc2
+    cols[TINY] = full * SQRT_FLOOR
+    cols[EPS] = full * eps
+    cols[NEG_STEP] = gated(-lr / bc1, 0.0) * full
+    cols[WDF] = full * gated(
+        torch.as_tensor(1.0 - lr * weight_decay, dtype=wide, device=device), 1.0
+    )
+    cols[ZERO] = full * 0
+    table = torch.stack(cols, dim=1).to(torch.float32).contiguous()
+    mask = torch.where(keep, -1, 0).to(device=device, dtype=torch.int32)
+    table.view(torch.int32)[:, MASK] = mask
+    return table.reshape(1, n * N_COEFFICIENTS)
+
+
+def _tensor_list(arg: str, value) -> list:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in value):
+        raise LimitError(OP, arg, "must be a list of torch.Tensor", type(value).__name__)
+    return list(value)
+
+
+def _number(arg: str, value, lo: float, hi: float | None = None, hi_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and value >= lo and (hi is None or (value < hi if hi_open else value <= hi))
+    if not ok:
+        rule = f"must be a finite number >= {lo}" if hi is None else f"must be in [{lo}, {hi})"
+        raise LimitError(OP, arg, rule, value, limit=lo if hi is None else (lo, hi))
+
+
+def _one_element(arg: str, t, device) -> None:
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor) or t.numel() != 1:
+        raise LimitError(OP, arg, "must be a one-element tensor or None", getattr(t, "shape", t))
+    if not t.dtype.is_floating_point:
+        raise LimitError(OP, f"{arg} dtype", "must be floating point", dtype_name(t))
+    if device is not None and t.device != device:
+        raise LimitError(
+            OP, f"{arg} device", f"must equal params' device ({device})", str(t.device)
+        )
+
+
+def validate(
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+    weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None,
+) -> None:  # fmt: skip
+    """Refuse bad input before any tensor is touched: list lengths, shapes, dtypes,
+    devices, layouts, hyperparameter ranges."""
+    lists = {
+        "params": _tensor_list("params", params),
+        "grads": _tensor_list("grads", grads),
+        "exp_avgs": _tensor_list("exp_avgs", exp_avgs),
+        "exp_avg_sqs": _tensor_list("exp_avg_sqs", exp_avg_sqs),
+        "max_exp_avg_sqs": _tensor_list("max_exp_avg_sqs", max_exp_avg_sqs),
+        "state_steps": _tensor_list("state_steps", state_steps),
+    }
+    n = len(lists["params"])
+    for name, ts in lists.items():
+        want = n if (name != "max_exp_avg_sqs" or amsgrad) else (0, n)
+        if len(ts) not in ((want,) if isinstance(want, int) else want):
+            raise LimitError(
+                OP, f"{name} length", f"must equal len(params) ({n})", len(ts), limit=n
+            )
+    _number("lr", lr, 0.0)
+    _number("eps", eps, 0.0)
+    _number("weight_decay", weight_decay, 0.0)
+    _number("beta1", beta1, 0.0, 1.0, hi_open=True)
+    _number("beta2", beta2, 0.0, 1.0, hi_open=True)
+    for arg, flag in (("amsgrad", amsgrad), ("maximize", maximize)):
+        if not isinstance(flag, bool):
+            raise LimitError(OP, arg, "must be a bool", type(flag).__name__)
+    device = lists["params"][0].device if n else None
+    _one_element("grad_scale", grad_scale, device)
+    _one_element("found_inf", found_inf, device)
+    if not n:
+        return
+    p_dtype = dtype_name(lists["params"][0])
+    if p_dtype not in PARAM_DTYPES:
+        raise LimitError(OP, "params[0] dtype", f"must be one of {PARAM_DTYPES}", p_dtype)
+    for i, p in enumerate(lists["params"]):
+        if dtype_name(p) != p_dtype:
+            raise LimitError(
+                OP, f"params[{i}] dtype", f"must equal params[0]'s ({p_dtype})", dtype_name(p)
+            )
+        g = lists["grads"][i]
+        g_ok = dtype_name(g) == p_dtype or (p_dtype == "float32" and dtype_name(g) in GRAD_DTYPES)
+        if not g_ok:
+            raise LimitError(
+                OP, f"grads[{i}] dtype", f"must be params[{i}]'s ({p_dtype}) or lower with fp32 params",
+                dtype_name(g),
+            )  # fmt: skip
+        state = [
+            ("grads", g),
+            ("exp_avgs", lists["exp_avgs"][i]),
+            ("exp_avg_sqs", lists["exp_avg_sqs"][i]),
+        ]
+        if amsgrad:
+            state.append(("max_exp_avg_sqs", lists["max_exp_avg_sqs"][i]))
+        for name, t in [("params", p), *state]:
+            if t.device != device:
+                raise LimitError(
+                    OP, f"{name}[{i}] device", f"must equal params[0]'s ({device})", str(t.device)
+                )
+            if t.shape != p.shape:
+                raise LimitError(
+                    OP,
+                    f"{name}[{i}] shape",
+                    f"must equal params[{i}]'s {tuple(p.shape)}",
+                    tuple(t.shape),
+                )
+            if not t.is_contiguous() or t.is_sparse:
+                raise LimitError(
+                    OP, f"{name}[{i}] layout", "must be dense and contiguous", str(t.layout)
+                )
+            if name.startswith(("exp_avg", "max_exp")) and t.dtype != torch.float32:
+                raise LimitError(
+                    OP, f"{name}[{i}] dtype", "must be float32 (fp32 state)", dtype_name(t)
+                )
+        s = lists["state_steps"][i]
+        if s.numel() != 1 or s.device != device:
+            raise LimitError(
+                OP, f"state_steps[{i}]", f"must be a one-element tensor on {device}",
+                f"{tuple(s.shape)} on {s.device}",
+            )  # fmt: skip
+
+
+def problem(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *rest) -> dict:
+    """Tensor count and largest tensor size select the config; amsgrad changes the kernel."""
+    amsgrad = bool(rest[5]) if len(rest) > 5 else True
+    return {
+        "tensors": len(params),
+        "numel": max((p.numel() for p in params), default=0),
+        "amsgrad": amsgrad,
+    }
+
+
+def reference(
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+    weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None, upcast=True,
+) -> None:  # fmt: skip
+    """The same step in plain torch, in place: fp64 arithmetic when ``upcast``, else fp32,
+    rounded once into each tensor's dtype. With ``found_inf`` set nothing changes (a
+    select, so the bits are kept exactly; the kernel keeps them too, except that a -0.0
+    param or state value can come back as +0.0, since it adds a zero update)."""
+    wide = torch.float64 if upcast else torch.float32
+    skip = None if found_inf is None else (found_inf.reshape(()) != 0)
+    for i, p in enumerate(params):
+        g = grads[i].to(wide)
+        if grad_scale is not None:
+            g = g / grad_scale.reshape(()).to(wide)
+        if maximize:
+            g = -g
+        step = state_steps[i].reshape(()).to(torch.float64)
+        bc1 = (1.0 - beta1**step).to(wide)
+        bc2 = (1.0 - beta2**step).to(wide)
+        m = exp_avgs[i].to(wide) * beta1 + g * (1.0 - beta1)
+        v = exp_avg_sqs[i].to(wide) * beta2 + g * g * (1.0 - beta2)
+        v_used = v
+        if amsgrad:
+            vmax = torch.maximum(max_exp_avg_sqs[i].to(wide), v)
+            v_used = vmax
+        denom = torch.sqrt(v_used / bc2) + eps
+        new_p = p.to(wide) * (1.0 - lr * weight_decay) - (lr / bc1) * m / denom
+        updates = [(p, new_p), (exp_avgs[i], m), (exp_avg_sqs[i], v)]
+        if amsgrad:
+            updates.append((max_exp_avg_sqs[i], vmax))
+        for dst, new in updates:
+            if skip is not None:
+                new = torch.where(skip, dst.to(wide), new)
+            dst.copy_(new)
+
+
+# -- launch from torch -----------------------------------------------------------------------
+
+
+def run_kernels(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    max_exp_avg_sqs: list[torch.Tensor],
+    state_steps: list[torch.Tensor],
+    lr: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    eps: float,
+    amsgrad: bool,
+    maximize: bool,
+    grad_scale: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
+    *,
+    config: AdamwConfig,
+    runner,
+) -> None:
+    """Update every tensor in place: launches of ``config.tensors_per_launch`` tensors each
+    (empty tensors are skipped; they have nothing to update)."""
+    live = [i for i, p in enumerate(params) if p.numel() > 0]
+    if not live:
+        return None
+    device = params[live[0]].device
+    table = coefficients(
+        [state_steps[i] for i in live], lr, beta1, beta2, weight_decay, eps, maximize,
+        grad_scale, found_inf, device,
+    ).reshape(len(live), N_COEFFICIENTS)  # fmt: skip
+    dtype = dtype_name(params[live[0]])
+    per_launch = config.tensors_per_launch
+    for start in range(0, len(live), per_launch):
+        ids = live[start : start + per_launch]
+        flat = [[ts[i].view(-1) for i in ids] for ts in (params, grads, exp_avgs, exp_avg_sqs)]
+        vmax = tuple(max_exp_avg_sqs[i].view(-1) for i in ids) if amsgrad else ()
+        sizes = tuple(params[i].numel() for i in ids)
+        launch = {
+            "tensors": len(ids),
+            "numel": max(sizes),
+            "amsgrad": amsgrad,
+            "sizes": sizes,
+            "masked": found_inf is not None,
+            "grad_dtype": dtype_name(grads[ids[0]]),
+        }
+        tiles = SPEC.check(launch, dtype, config, runner.target)
+        coef = table[start : start + len(ids)].reshape(1, len(ids) * N_COEFFICIENTS).contiguous()
+        runner(fused_adamw, *(tuple(f) for f in flat), vmax, coef, tiles)
+    return None
+
+
+def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
+    """``tensors`` tensors, the first of ``numel`` elements, the others of random sizes in
+    [1, numel]; params/grads ~ N(0, 1), m ~ N(0, 0.01), v and vmax >= 0 of 1e-2 scale.
+    The seed picks the flags (amsgrad, maximize, grad scaling), so seeded batteries cover
+    them all; steps are 1..5."""
+    n, numel = problem["tensors"], problem["numel"]
+    seed = generator.initial_seed()
+    amsgrad = bool(problem.get("amsgrad", seed % 2 == 0))
+    maximize = bool(problem.get("maximize", (seed // 2) % 2 == 1))
+    scaled = (seed // 4) % 2 == 0
+    sizes = [numel] + [
+        int(torch.randint(1, max(numel, 1) + 1, (1,), generator=generator, device="cpu"))
+        for _ in range(n - 1)
+    ]
+    torch_dtype = getattr(torch, dtype)
+    scale = 1024.0 if scaled else 1.0
+
+    def randn(k, s=1.0):
+        return torch.randn(k, generator=generator) * s
+
+    params = [randn(k).to(torch_dtype) for k in sizes]
+    grads = [(randn(k) * scale).to(torch_dtype) for k in sizes]
+    exp_avgs = [randn(k, 0.1) for k in sizes]
+    exp_avg_sqs = [randn(k, 0.1) ** 2 for k in sizes]
+    max_sqs = [v + randn(v.numel(), 0.01) ** 2 for v in exp_avg_sqs] if amsgrad else []
+    steps = [torch.tensor(float(1 + (seed + i) % 5)) for i in range(n)]
+    grad_scale = torch.tensor(scale) if scaled else None
+    found_inf = torch.tensor(0.0)
+    return (
+        params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps,
+        1e-3, 0.9, 0.999, 0.01, 1e-8, amsgrad, maximize, grad_scale, found_inf,
+    )  # fmt: skip
+
+
+def _bad_inputs():
+    """One bad input per op-boundary limit: (args, the argument the error must name)."""
+
+    def args(**change):
+        base = dict(
+            params=[torch.zeros(4), torch.zeros(3)],
+            grads=[torch.zeros(4), torch.zeros(3)],
+            exp_avgs=[torch.zeros(4), torch.zeros(3)],
+            exp_avg_sqs=[torch.zeros(4), torch.zeros(3)],
+            max_exp_avg_sqs=[],
+            state_steps=[torch.tensor(1.0), torch.tensor(1.0)],
+            lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8,
+            amsgrad=False, maximize=False, grad_scale=None, found_inf=None,
+        )  # fmt: skip
+        base.update(change)
+        return tuple(base.values())
+
+    z, bf16 = torch.zeros, torch.bfloat16
+    return [
+        (args(grads=[z(4)]), "grads length"),
+        (args(exp_avgs=[z(4), z(5)]), "exp_avgs[1] shape"),
+        (args(exp_avg_sqs=[z(4), z(3, dtype=torch.bfloat16)]), "exp_avg_sqs[1] dtype"),
+        (
+            args(params=[z(4, dtype=bf16), z(3, dtype=bf16)], grads=[z(4, dtype=bf16), z(3)]),
+            "grads[1] dtype",
+        ),
+        (args(params=[z(4, dtype=torch.float64), z(3, dtype=torch.float64)]), "params[0] dtype"),
+        (args(exp_avgs=[z(4), z(3, device="meta")]), "exp_avgs[1] device"),
+        (args(grads=[z(4), z(6)[::2]]), "grads[1] layout"),
+        (args(amsgrad=True), "max_exp_avg_sqs length"),
+        (args(state_steps=[torch.tensor(1.0), z(2)]), "state_steps[1]"),
+        (args(lr=-1.0), "lr"),
+        (args(eps=-1e-8), "eps"),
+        (args(beta1=1.0), "beta1"),
+        (args(beta2=-0.1), "beta2"),
+        (args(weight_decay=float("nan")), "weight_decay"),
+        (args(grad_scale=z(2)), "grad_scale"),
+    ]
+
+
+SPEC = register(
+    OpSpec(
+        name=OP,
+        config=AdamwConfig,
+        plan=plan,
+        run_kernels=run_kernels,
+        reference=reference,
+        validate=validate,
+        problem=problem,
+        tolerances={
+            # fp32: about ten fp32 roundings along the chain (each <= 2^-24 relative),
+            # against an fp64 reference; absolute floor for values that cancel to ~0
+            # (m and p differences of O(1) terms: a few ulps of 1).
+            "float32": Tolerance(1e-6, 2**-20, "a chain of ~10 fp32 roundings vs fp64"),
+            # bf16 params: the fp32 result is rounded once to bf16 (0.5 ulp = 2^-9
+            # relative); 2x margin. State stays fp32, well inside this.
+            "bfloat16": Tolerance(1e-6, 2**-8, "one bf16 rounding of the fp32 param update"),
+        },
+        make_inputs=make_inputs,
+        test_problems={
+            "ranges": {"tensors": (1, 4), "numel": (1, 700)},
+            "edges": (1, 2, 127, 128, 129, 256, 300),
+            "probe": {"tensors": 3, "numel": 300},
+            "large": {"tensors": 2, "numel": 128 * 4096 + 1},  # full 4096-wide tiles + tail
+            "empty": [],
+        },
+        dtypes=PARAM_DTYPES,
+        output_shapes=lambda *args: [],
+        kernels=(fused_adamw,),
+        mutates=("params", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"),
+        bad_inputs=_bad_inputs,
+        budget_hints={"sbuf": "lower tile_free (or use fewer working tiles: engines)"},
+        description="one AdamW step, in place, over lists of tensors (torch._fused_adamw_'s contract)",
+    )
+)
