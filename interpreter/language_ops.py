@@ -27,6 +27,7 @@ from neuron_kernels.interpreter.operators import OPERATORS
 from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor
 
 __all__ = [
+    "broadcast_to",
     "copy",
     "empty_like",
     "full",
@@ -246,6 +247,63 @@ def transpose(x, dtype=None):
     cast = _new(shape, out_dtype, PSUM, api="nl.transpose")
     vector.tensor_copy(dst=cast, src=dst, engine=Engine.vector)
     return cast
+
+
+def broadcast_to(x, shape, dtype=None):
+    """``x`` broadcast to ``shape`` (same rank, each dim equal or from 1) in a new SBUF tile.
+
+    Free dims: one Vector Engine copy from a stride-0 view. The partition dim (1 -> P): the
+    docs do not say which instructions the wrapper issues; here a float tile goes through
+    the Tensor Engine (``ones[1, P].T @ x`` into PSUM, then a copy out), exact since each
+    output is 1.0 * x; an integer tile, which the Tensor Engine does not take, is copied row
+    by row with DMA. Equal shapes return ``x`` itself, or a cast copy for another ``dtype``.
+    """
+    api = "nl.broadcast_to"
+    x = _tile(api, "x", x)
+    if not x.on_chip:
+        _fail(api, "x", "must be an SBUF or PSUM tile", x.buffer.value)
+    if isinstance(shape, list):
+        shape = tuple(shape)
+    if not isinstance(shape, tuple) or [d for d in shape if not _positive_int(d)]:
+        _fail(api, "shape", "must be a tuple of positive ints", shape)
+    if len(shape) != x.ndim:
+        _fail(api, "shape", f"must have the rank of x ({x.ndim})", shape, limit=x.ndim)
+    for i, (have, want) in enumerate(zip(x.shape, shape)):
+        if have not in (1, want):
+            _fail(api, f"shape[{i}]", f"must equal x.shape[{i}] ({have}) or x's must be 1", want)
+    out_dtype = _out_dtype(api, dtype, x)
+    if tuple(shape) == x.shape:
+        return x if out_dtype == x.dtype else copy(x, dtype=out_dtype)
+    view = x
+    for i in range(1, x.ndim):
+        if x.shape[i] != shape[i]:
+            view = view.broadcast(i, shape[i])
+    grow_partitions = x.shape[0] != shape[0]
+    staged = _new((x.shape[0], *shape[1:]), x.dtype if grow_partitions else out_dtype, api=api)
+    vector.tensor_copy(dst=staged, src=view, engine=Engine.vector)
+    if not grow_partitions:
+        return staged
+    out = _new(shape, out_dtype, api=api)
+    n_free = math.prod(shape[1:])
+    row = staged.reshape((1, n_free))
+    out2d = out.reshape((shape[0], n_free))
+    if not dtypes.info(x.dtype).is_float:
+        for p in range(shape[0]):
+            dma.dma_copy(dst=out2d[p : p + 1, :], src=row)
+        return out
+    ones = _new((1, shape[0]), x.dtype, api=api)
+    vector.memset(dst=ones, value=1.0)
+    chunk = current().target.gemm_moving_fmax
+    for lo in range(0, n_free, chunk):
+        hi = min(n_free, lo + chunk)
+        acc = _new((shape[0], hi - lo), "float32", PSUM, api=api)
+        tensor_engine.nc_matmul(dst=acc, stationary=ones, moving=row[:, lo:hi])
+        vector.tensor_copy(dst=out2d[:, lo:hi], src=acc, engine=Engine.vector)
+    return out
+
+
+def _positive_int(d) -> bool:
+    return isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) and d >= 1
 
 
 # -- element-wise wrappers, attached to the operator objects --------------------------------------

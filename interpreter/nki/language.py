@@ -256,6 +256,7 @@ store = _ops.store
 load_transpose2d = _ops.load_transpose2d
 matmul = _ops.matmul
 transpose = _ops.transpose
+broadcast_to = _ops.broadcast_to
 
 _KNOWN = {
     "rand",
@@ -265,7 +266,6 @@ _KNOWN = {
     "rms_norm",
     "where",
     "gather_flattened",
-    "broadcast_to",
     "expand_dims",
 }
 
