@@ -17,6 +17,8 @@ measured again: the trial returns the stored value, marked ``user_attrs["duplica
 from __future__ import annotations
 
 import math
+import os
+import socket
 from dataclasses import dataclass
 
 import optuna
@@ -128,6 +130,7 @@ class Objective:
             reason = f"the {self.backend.name} backend gave latency {m.latency_us}"
             trial.set_user_attr("failed", reason)
             raise GateFailure(reason)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         trial.set_user_attr("source", m.source)
         trial.set_user_attr("floor_us", m.floor_us)
         trial.set_user_attr("floor_engine", m.floor_engine)
