@@ -214,6 +214,11 @@ class OpSpec:
         bad_inputs: ``bad_inputs() -> [(op_args, arg_name), ...]``: one bad input per
             op-boundary limit, with the argument the error must name.
         budget_hints: ``{"sbuf": ..., "psum": ...}``: how to fix a config over budget.
+        composite: ``composite(*op_args)``: set when the op, as torch runs it, is a
+            composition of other ``torch.ops.neuron`` ops (CompositeImplicitAutograd, as
+            torch's ``rms_norm`` over ``_fused_rms_norm``): autograd, fake shapes and device
+            routing then come from the ops it calls, so it can save what they return
+            without returning it itself. ``run_kernels`` still runs its kernels for tests.
         mutates: names of the (tensor or tensor-list) arguments the op updates in place.
             Such an op returns None; its reference updates the same arguments (the
             contract tests compare them), and ``torch_ops`` declares them as mutated.
@@ -238,6 +243,7 @@ class OpSpec:
     bad_inputs: Callable[[], list] | None = None
     budget_hints: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    composite: Callable[..., Any] | None = None
     mutates: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

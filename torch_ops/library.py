@@ -19,6 +19,28 @@ __all__ = ["NAMESPACE", "register_op", "op_signature"]
 
 NAMESPACE = "neuron"
 _REGISTERED: dict[str, object] = {}
+_LIBRARIES: list = []  # torch.library.Library objects of composite ops (kept alive)
+
+
+def _register_composite(spec: OpSpec, sig: inspect.Signature, bind):
+    """``torch.ops.neuron.<name>`` as a CompositeImplicitAutograd op over other neuron ops
+    (``spec.composite``): their autograd, fake impls and device routing apply; the input
+    check is this op's own, so errors name it."""
+
+    def composite_impl(*args, **kwargs):
+        args = bind(args, kwargs)
+        spec.validate(*args)
+        return spec.composite(*args)
+
+    composite_impl.__signature__ = sig
+    composite_impl.__name__ = spec.name
+    lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+    lib.define(spec.name + torch.library.infer_schema(composite_impl, mutates_args=()))
+    lib.impl(spec.name, composite_impl, "CompositeImplicitAutograd")
+    _LIBRARIES.append(lib)
+    op = getattr(torch.ops, NAMESPACE).__getattr__(spec.name)
+    _REGISTERED[spec.name] = op
+    return op
 
 
 def op_signature(spec: OpSpec) -> inspect.Signature:
@@ -53,6 +75,9 @@ def register_op(spec: OpSpec):
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         return tuple(bound.arguments.values())
+
+    if spec.composite is not None:
+        return _register_composite(spec, sig, bind)
 
     def default_impl(*args, **kwargs):
         args = bind(args, kwargs)
