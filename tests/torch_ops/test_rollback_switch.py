@@ -51,10 +51,21 @@ def _probe_args(name):
     )
 
 
+def _clone(value):
+    """A deep copy of op arguments (tensors, and lists of them for the multi-tensor ops)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    return value
+
+
 def _call(name, args, neuron=False):
+    """Run the op on a copy of ``args``; returns (outputs, the copy: in-place ops change it)."""
     op = getattr(torch.ops.neuron, name).default
-    args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-    return op.redispatch(NEURON_KEY, *args) if neuron else op(*args)
+    args = _clone(tuple(args))
+    out = op.redispatch(NEURON_KEY, *args) if neuron else op(*args)
+    return out, args
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -66,10 +77,13 @@ def test_switch_routes_cpu_interpret_to_reference(name, launches, monkeypatch):
         assert launches["interpreter"], "control: with the switch off the kernel runs"
         launches["interpreter"].clear()
         monkeypatch.setenv(routing.DISABLE_ENV, "1")
-        out = _call(name, args)
+        out, changed = _call(name, args)
     assert launches["interpreter"] == []
-    want = REGISTRY[name].reference(*args, upcast=False)
-    torch.testing.assert_close(out, want, rtol=0, atol=0)  # it IS the reference: bit-exact
+    want_args = _clone(tuple(args))
+    want = REGISTRY[name].reference(*want_args, upcast=False)
+    # It IS the reference: bit-exact outputs, and the same in-place updates for in-place ops.
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(changed, want_args, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", OPS)
