@@ -17,3 +17,5 @@ from neuron_kernels.kernels import adamw  # noqa: E402,F401
 from neuron_kernels.kernels import flash_attention  # noqa: E402,F401
 from neuron_kernels.kernels import flash_attention_bwd  # noqa: E402,F401
 from neuron_kernels.kernels import matmul  # noqa: E402,F401
+from neuron_kernels.kernels import rms_norm  # noqa: E402,F401
+from neuron_kernels.kernels import rms_norm_bwd  # noqa: E402,F401
