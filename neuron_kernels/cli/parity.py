@@ -390,6 +390,9 @@ def _write_png(path: str, reference: Run, kernel: Run, report: dict, tolerance: 
             color="black",
             label=f"trend: {t['verdict']} ({t['slope']:.2e}/step)",
         )
+    first = report["first_divergent_step"]
+    if first is not None:
+        bottom.axvline(first, color="tab:orange", linestyle="--", label=f"first divergent: {first}")
     bottom.set_xlabel("step")
     bottom.set_ylabel("|kernel - reference|")
     bottom.legend()
