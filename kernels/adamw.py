@@ -97,12 +97,17 @@ class AdamwConfig(TunableConfig):
 
     Attributes:
         tile_free: elements per partition of a full tile (a chunk is 128 x tile_free).
+        in_flight: chunks whose instruction chains are interleaved in program order. The
+            engines run their instructions in order, so one chunk at a time leaves each
+            engine idle while the others finish their part of the chain; k chunks give
+            each engine k independent instructions per step (and hold k + 1 chunks'
+            tiles: k computing, one loading).
         tensors_per_launch: tensors one launch updates (more: fewer launches; fewer: a
             smaller unrolled kernel to compile).
         engines: who runs the elementwise chain. "vector": VectorE alone (sqrt and
-            reciprocal as ALU ops); "vector_scalar": ScalarE takes every one-input scaling,
-            sqrt and reciprocal, VectorE the two-tile ops; "spread": as vector_scalar, with
-            GpSimdE taking the plain two-tile adds, multiplies and the amsgrad max.
+            reciprocal as ALU ops); "vector_scalar": ScalarE takes every one-input scaling
+            and the sqrt, VectorE the two-tile ops; "spread": as vector_scalar, with GpSimdE
+            taking the plain two-tile add and multiply and the amsgrad max.
     """
 
     op_name = OP
@@ -110,8 +115,10 @@ class AdamwConfig(TunableConfig):
     tile_free: int = tunable(
         2048,
         (512, 1024, 2048, 4096),
-        "modeled: 64 KiB per DMA engine per transfer amortises its fixed cost; 4096 does "
-        "not fit double-buffered",
+        "modeled: 64 KiB per DMA engine per transfer amortises its fixed cost",
+    )
+    in_flight: int = tunable(
+        2, (1, 2, 3, 4), "modeled: two interleaved chunks keep every engine's queue fed"
     )
     tensors_per_launch: int = tunable(
         64, (8, 64, 256), "modeled: one launch for a transformer layer's tensors"
@@ -128,16 +135,19 @@ class AdamwConfig(TunableConfig):
 
 @dataclass(frozen=True)
 class AdamwPlan(nl.NKIObject):
-    """Tiles of one launch: per tensor, its chunks ``(offset, rows, cols)`` (a
-    ``[rows, cols]`` view of ``rows * cols`` contiguous elements from ``offset``), and the
-    budgets. Derived once by :func:`plan`; the kernel reads only this."""
+    """Tiles of one launch: its chunks ``(tensor, offset, rows, cols)`` (a ``[rows, cols]``
+    view of ``rows * cols`` contiguous elements of tensor ``tensor`` from ``offset``) in
+    waves of ``in_flight``, and the budgets. Derived once by :func:`plan`; the kernel
+    reads only this."""
 
     partitions: int
     tile_free: int
-    chunks: tuple  # per tensor: ((offset, rows, cols), ...)
+    n_tensors: int
+    waves: tuple  # ((tensor, offset, rows, cols), ...) per wave
     amsgrad: bool
     masked: bool  # found_inf given: the gradient's bits are masked
     engines: str
+    hwdge: bool  # DMAs on the hardware DGE (NeuronCore-v3+), triggered from SyncE/ScalarE
     n_coefficients: int
     sbuf_bytes: int
     psum_banks: int
@@ -161,10 +171,11 @@ def _chunks(numel: int, partitions: int, tile_free: int) -> tuple:
     return tuple(out)
 
 
-def _tiles_per_chunk(engines: str, amsgrad: bool) -> int:
-    """fp32 working tiles one chunk holds besides p and g (m, v, vmax and temporaries)."""
-    temps = {"vector": 4, "vector_scalar": 4, "spread": 5}[engines]
-    return 2 + int(amsgrad) + temps
+def _chunk_bytes(cols: int, dtype: str, grad_dtype: str, amsgrad: bool) -> int:
+    """SBUF bytes per partition of one chunk's tiles: p, g, m, v, (vmax), two fp32
+    temporaries (each reused once), and for a 2-byte param an fp32 decayed copy."""
+    fp32_tiles = 2 + int(amsgrad) + 2 + int(ITEMSIZE[dtype] != 4)
+    return cols * (ITEMSIZE[dtype] + ITEMSIZE[grad_dtype] + 4 * fp32_tiles)
 
 
 def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target) -> AdamwPlan:
@@ -172,29 +183,30 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target) -> Adam
 
     ``problem`` gives ``tensors`` and ``numel`` (the largest tensor) and, for a real
     launch, ``sizes`` (each tensor's element count); without ``sizes`` every tensor has
-    ``numel`` elements (the budget check). Budget: two chunks' tiles in flight (double
-    buffering, so DMA overlaps compute) plus the coefficient table.
+    ``numel`` elements (the budget check). Budget: ``in_flight + 1`` chunks' tiles (the
+    interleaved ones and the next one loading) plus the coefficient table.
     """
     sizes = problem.get("sizes") or (problem["numel"],) * problem["tensors"]
     pmax = target.pmax
-    tile_free = config.tile_free
     amsgrad = bool(problem.get("amsgrad", True))
-    largest = max(sizes)
-    cols = min(tile_free, max(1, largest // pmax))
-    grad_item = ITEMSIZE.get(problem.get("grad_dtype", dtype), 4)
-    chunk_bytes = cols * (
-        ITEMSIZE[dtype] + grad_item + 4 * _tiles_per_chunk(config.engines, amsgrad)
-    )
-    coef_bytes = len(sizes) * N_COEFFICIENTS * 4
+    work = [(i, *c) for i, n in enumerate(sizes) for c in _chunks(n, pmax, config.tile_free)]
+    k = config.in_flight
+    waves = tuple(tuple(work[w : w + k]) for w in range(0, len(work), k))
+    cols = min(config.tile_free, max(1, max(sizes) // pmax))
+    grad_dtype = problem.get("grad_dtype", dtype)
+    chunk = _chunk_bytes(cols, dtype, grad_dtype, amsgrad)
+    in_flight = min(k, len(work)) + (len(work) > k)
     return AdamwPlan(
         partitions=pmax,
-        tile_free=tile_free,
-        chunks=tuple(_chunks(n, pmax, tile_free) for n in sizes),
+        tile_free=config.tile_free,
+        n_tensors=len(sizes),
+        waves=waves,
         amsgrad=amsgrad,
         masked=bool(problem.get("masked", True)),
         engines=config.engines,
+        hwdge=target.has_hwdge,
         n_coefficients=N_COEFFICIENTS,
-        sbuf_bytes=2 * chunk_bytes + coef_bytes,
+        sbuf_bytes=in_flight * chunk + len(sizes) * N_COEFFICIENTS * 4,
         psum_banks=0,
     )
 
@@ -207,114 +219,145 @@ def _view(t, offset, rows, cols):
     return t[offset : offset + rows * cols].reshape((rows, cols))
 
 
-def _scale(dst, src, col, zero, engine):
-    """``dst = src * col`` (col a ``(P, 1)`` fp32 tile) on ScalarE or VectorE."""
-    if engine == "vector":
+def _load(dst, src, plan):
+    """HBM -> SBUF; on the hardware DGE from SyncE where the target has one (the default
+    software DGE is triggered from GpSimdE, which also computes here)."""
+    if plan.hwdge:
+        nisa.dma_copy(dst=dst, src=src, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.sync)
+    else:
+        nisa.dma_copy(dst=dst, src=src)
+
+
+def _store(dst, src, plan):
+    """SBUF -> HBM; hardware-DGE stores are triggered from ScalarE, a second DGE queue."""
+    if plan.hwdge:
+        nisa.dma_copy(dst=dst, src=src, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.scalar)
+    else:
+        nisa.dma_copy(dst=dst, src=src)
+
+
+def _scale(dst, src, col, zero, plan):
+    """``dst = src * col`` (col a ``(P, 1)`` fp32 tile) on ScalarE, or VectorE alone."""
+    if plan.engines == "vector":
         nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=col)
     else:
         nisa.activation(dst=dst, op=nl.copy, data=src, scale=col, bias=zero)
 
 
-def _update_chunk(p_hbm, g_hbm, m_hbm, v_hbm, vmax_hbm, coef, base, offset, rows, cols, plan):
-    """Load one chunk of p, g, m, v (, vmax), update it, store p, m, v (, vmax)."""
+def _two_tile_engine(plan):
+    """The engine of the plain two-tile ops (m + g1, m * r, amsgrad's max)."""
+    return nisa.engine.gpsimd if plan.engines == "spread" else nisa.engine.vector
+
+
+def _open_chunk(hbm, coef, tensor, offset, rows, cols, plan):
+    """Allocate one chunk's tiles and load p, g, m, v (, vmax): a dict of its tiles."""
     fp32 = nl.float32
-    eng = plan.engines
-
-    def col(j):
-        return coef[0:rows, base + j : base + j + 1]
-
-    zero = col(ZERO)
-    p = nl.ndarray((rows, cols), dtype=p_hbm.dtype, buffer=nl.sbuf, name="p")
-    g = nl.ndarray((rows, cols), dtype=g_hbm.dtype, buffer=nl.sbuf, name="g")
-    m = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="m")
-    v = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="v")
-    nisa.dma_copy(dst=g, src=_view(g_hbm, offset, rows, cols))
-    nisa.dma_copy(dst=m, src=_view(m_hbm, offset, rows, cols))
-    nisa.dma_copy(dst=v, src=_view(v_hbm, offset, rows, cols))
-    nisa.dma_copy(dst=p, src=_view(p_hbm, offset, rows, cols))
-
-    if plan.masked:  # a skipped step: zero the gradient's bits, so inf/NaN cannot leak in
-        bits = nl.int32 if g.itemsize == 4 else nl.int16
-        g_bits = g.view(bits)
-        nisa.tensor_scalar(
-            dst=g_bits, data=g_bits, op0=nl.bitwise_and, operand0=col(MASK).view(nl.int32)
-        )
-
-    # m = beta1 * m + c1 * g
-    g1 = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="g1")
-    _scale(g1, g, col(C_G1), zero, eng)
-    if eng == "spread":
-        mb = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="mb")
-        _scale(mb, m, col(C_B1), zero, eng)
-        nisa.tensor_tensor(dst=m, data1=mb, data2=g1, op=nl.add, engine=nisa.engine.gpsimd)
+    base = tensor * plan.n_coefficients
+    t = {"rows": rows, "cols": cols, "coef": coef[0:rows, base : base + plan.n_coefficients]}
+    t["hbm"] = {}
+    for name in ("g", "m", "v", "p", "vmax"):
+        if name == "vmax" and not plan.amsgrad:
+            continue
+        src = _view(hbm[name][tensor], offset, rows, cols)
+        dtype = src.dtype if name in ("p", "g") else fp32
+        t[name] = nl.ndarray((rows, cols), dtype=dtype, buffer=nl.sbuf, name=name)
+        t["hbm"][name] = src
+        _load(t[name], src, plan)
+    t["a"] = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="g1_then_u")
+    t["b"] = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="g2_then_r")
+    if t["p"].itemsize == 4:
+        t["pw"] = t["p"]  # fp32 params decay in place
     else:
-        nisa.scalar_tensor_tensor(
-            dst=m, data=m, op0=nl.multiply, operand0=col(C_B1), op1=nl.add, operand1=g1
-        )
+        t["pw"] = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="p_decayed")
+    return t
 
-    # v = beta2 * v + (1 - beta2) * g^2
-    g2 = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="g2")
-    if eng == "vector":
+
+def _col(t, j):
+    return t["coef"][:, j : j + 1]
+
+
+def _step_mask(t, plan):
+    """A skipped step: AND the gradient's bits with 0, so inf/NaN cannot leak in."""
+    if plan.masked:
+        bits = t["g"].view(nl.int32 if t["g"].itemsize == 4 else nl.int16)
+        mask = _col(t, MASK).view(nl.int32)
+        nisa.tensor_scalar(dst=bits, data=bits, op0=nl.bitwise_and, operand0=mask)
+
+
+def _step_gradient_terms(t, plan):
+    """a = c1 * g (m's term), b = (1 - beta2) g^2 / scale^2 (v's term)."""
+    zero = _col(t, ZERO)
+    _scale(t["a"], t["g"], _col(t, C_G1), zero, plan)
+    if plan.engines == "vector":
         nisa.scalar_tensor_tensor(
-            dst=g2, data=g, op0=nl.multiply, operand0=col(C_G2SQ), op1=nl.multiply, operand1=g
-        )
+            dst=t["b"], data=t["g"], op0=nl.multiply, operand0=_col(t, C_G2SQ),
+            op1=nl.multiply, operand1=t["g"],
+        )  # fmt: skip
     else:
-        nisa.activation(dst=g2, op=nl.square, data=g, scale=col(C_G2), bias=zero)
-    nisa.scalar_tensor_tensor(
-        dst=v, data=v, op0=nl.multiply, operand0=col(C_B2), op1=nl.add, operand1=g2
-    )
-    v_used = v
-    if plan.amsgrad:
-        vmax = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="vmax")
-        nisa.dma_copy(dst=vmax, src=_view(vmax_hbm, offset, rows, cols))
+        nisa.activation(dst=t["b"], op=nl.square, data=t["g"], scale=_col(t, C_G2), bias=zero)
+
+
+def _step_decay(t, plan):
+    """pw = p * (1 - lr * wd): depends only on the load, so it fills engine gaps early."""
+    _scale(t["pw"], t["p"], _col(t, WDF), _col(t, ZERO), plan)
+
+
+def _step_moments(t, plan):
+    """m = beta1 * m + a; v = beta2 * v + b; vmax = max(vmax, v)."""
+    if plan.engines == "spread":
+        _scale(t["m"], t["m"], _col(t, C_B1), _col(t, ZERO), plan)
         nisa.tensor_tensor(
-            dst=vmax,
-            data1=vmax,
-            data2=v,
-            op=nl.maximum,
-            engine=nisa.engine.gpsimd if eng == "spread" else nisa.engine.vector,
+            dst=t["m"], data1=t["m"], data2=t["a"], op=nl.add, engine=nisa.engine.gpsimd
         )
-        v_used = vmax
+    else:
+        nisa.scalar_tensor_tensor(
+            dst=t["m"], data=t["m"], op0=nl.multiply, operand0=_col(t, C_B1), op1=nl.add,
+            operand1=t["a"],
+        )  # fmt: skip
+    nisa.scalar_tensor_tensor(
+        dst=t["v"], data=t["v"], op0=nl.multiply, operand0=_col(t, C_B2), op1=nl.add,
+        operand1=t["b"],
+    )  # fmt: skip
+    if plan.amsgrad:
+        nisa.tensor_tensor(
+            dst=t["vmax"], data1=t["vmax"], data2=t["v"], op=nl.maximum,
+            engine=_two_tile_engine(plan),
+        )  # fmt: skip
 
-    # r = 1 / (sqrt(v / bc2 + 2^-84) + eps)
-    r = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="r")
-    if eng == "vector":  # sqrt(x) as reciprocal(rsqrt(x)): two unary ALU ops in one pass
+
+def _step_denominator(t, plan):
+    """b = 1 / (sqrt(v / bc2 + 2^-84) + eps) (b's g^2 term is dead)."""
+    v = t["vmax"] if plan.amsgrad else t["v"]
+    r = t["b"]
+    if plan.engines == "vector":  # sqrt(x) as reciprocal(rsqrt(x)): two unary ALU ops in one pass
         nisa.tensor_scalar(
-            dst=r, data=v_used, op0=nl.multiply, operand0=col(INV_BC2), op1=nl.add,
-            operand1=col(TINY),
+            dst=r, data=v, op0=nl.multiply, operand0=_col(t, INV_BC2), op1=nl.add,
+            operand1=_col(t, TINY),
         )  # fmt: skip
         nisa.tensor_scalar(dst=r, data=r, op0=nl.rsqrt, operand0=None, op1=nl.reciprocal)
-        nisa.tensor_scalar(
-            dst=r, data=r, op0=nl.add, operand0=col(EPS), op1=nl.reciprocal, operand1=None
-        )
     else:
-        # sqrt on ScalarE; + eps and 1/x on VectorE: NeuronCore-v2's ScalarE reciprocal
-        # takes no bias, and VectorE's ALU reciprocal is the more precise one.
-        nisa.activation(dst=r, op=nl.sqrt, data=v_used, scale=col(INV_BC2), bias=col(TINY))
-        nisa.tensor_scalar(
-            dst=r, data=r, op0=nl.add, operand0=col(EPS), op1=nl.reciprocal, operand1=None
-        )
+        nisa.activation(dst=r, op=nl.sqrt, data=v, scale=_col(t, INV_BC2), bias=_col(t, TINY))
+    # + eps and 1/x on VectorE: NeuronCore-v2's ScalarE reciprocal takes no bias, and
+    # VectorE's ALU reciprocal is the more precise one.
+    nisa.tensor_scalar(dst=r, data=r, op0=nl.add, operand0=_col(t, EPS), op1=nl.reciprocal)
 
-    # p = p * (1 - lr * wd) - lr / bc1 * m * r
-    u = g1  # g1 is dead: reuse its bytes for m * r
+
+def _step_update(t, plan):
+    """a = m * r (a's gradient term is dead); p = a * (-lr / bc1) + pw."""
     nisa.tensor_tensor(
-        dst=u,
-        data1=m,
-        data2=r,
-        op=nl.multiply,
-        engine=nisa.engine.gpsimd if eng == "spread" else nisa.engine.vector,
+        dst=t["a"], data1=t["m"], data2=t["b"], op=nl.multiply, engine=_two_tile_engine(plan)
     )
-    pw = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="pw")
-    _scale(pw, p, col(WDF), zero, eng)
     nisa.scalar_tensor_tensor(
-        dst=p, data=u, op0=nl.multiply, operand0=col(NEG_STEP), op1=nl.add, operand1=pw
-    )
+        dst=t["p"], data=t["a"], op0=nl.multiply, operand0=_col(t, NEG_STEP), op1=nl.add,
+        operand1=t["pw"],
+    )  # fmt: skip
 
-    nisa.dma_copy(dst=_view(p_hbm, offset, rows, cols), src=p)
-    nisa.dma_copy(dst=_view(m_hbm, offset, rows, cols), src=m)
-    nisa.dma_copy(dst=_view(v_hbm, offset, rows, cols), src=v)
-    if plan.amsgrad:
-        nisa.dma_copy(dst=_view(vmax_hbm, offset, rows, cols), src=vmax)
+
+def _close_chunk(t, plan):
+    """Store p, m, v (, vmax) back where they came from."""
+    for name in ("p", "m", "v", "vmax"):
+        if name in t["hbm"]:
+            _store(t["hbm"][name], t[name], plan)
 
 
 @nki.jit
@@ -325,20 +368,32 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficie
     ``exp_avgs``/``exp_avg_sqs``/``max_exp_avg_sqs`` fp32 (the last empty without
     amsgrad); ``coefficients`` ``[1, n * 12]`` fp32, tensor ``i``'s columns at ``i * 12``
     (see the column list at the top of the module). Returns nothing: every update is in place.
+    The chunks of a wave go through each step of the chain together (see ``in_flight``).
     """
     n = len(params)
-    assert n == len(plan.chunks), "adamw: the plan was made for another tensor count"
+    assert n == plan.n_tensors, "adamw: the plan was made for another tensor count"
     P = plan.partitions
-    K = plan.n_coefficients
-    coef = nl.ndarray((P, n * K), dtype=nl.float32, buffer=nl.sbuf, name="coef")
-    nisa.dma_copy(dst=coef, src=coefficients.broadcast(0, P))  # one row to every partition
-    for i in range(n):
-        vmax = max_exp_avg_sqs[i] if plan.amsgrad else None
-        for offset, rows, cols in plan.chunks[i]:
-            _update_chunk(
-                params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], vmax, coef, i * K,
-                offset, rows, cols, plan,
-            )  # fmt: skip
+    coef = nl.ndarray((P, n * plan.n_coefficients), dtype=nl.float32, buffer=nl.sbuf, name="coef")
+    _load(coef, coefficients.broadcast(0, P), plan)  # one row to every partition
+    hbm = {"p": params, "g": grads, "m": exp_avgs, "v": exp_avg_sqs, "vmax": max_exp_avg_sqs}
+    for wave in plan.waves:
+        tiles = []
+        for tensor, offset, rows, cols in wave:
+            tiles.append(_open_chunk(hbm, coef, tensor, offset, rows, cols, plan))
+        for t in tiles:
+            _step_mask(t, plan)
+        for t in tiles:
+            _step_gradient_terms(t, plan)
+        for t in tiles:
+            _step_decay(t, plan)
+        for t in tiles:
+            _step_moments(t, plan)
+        for t in tiles:
+            _step_denominator(t, plan)
+        for t in tiles:
+            _step_update(t, plan)
+        for t in tiles:
+            _close_chunk(t, plan)
 
 
 # -- op-level glue: coefficients, limits, reference -----------------------------------------
