@@ -1,0 +1,230 @@
+"""The fused AdamW kernel: its chunking, its numerics against the fp64 reference over tensor
+counts and sizes, skipped steps, device-tensor hyperparameters, engine assignment, budgets
+and bad input. The contract suite (tests/contract) adds opcheck, compile and every config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import neuron_kernels  # noqa: F401  (registers torch.ops.neuron.fused_adamw_)
+from neuron_kernels.errors import LimitError
+from neuron_kernels.hardware import TARGETS
+from neuron_kernels.kernels import adamw
+from neuron_kernels.testing import assert_within_tolerance, run_kernel
+from neuron_kernels.torch_ops import cpu_mode, routing
+
+SPEC = adamw.SPEC
+SMALL_TILES = adamw.AdamwConfig(tile_free=512, in_flight=2)  # 65,536-element chunks: fast
+MUTATED = (0, 2, 3, 4)  # params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs
+
+
+def _copies(args, dtype=None):
+    def copy(a):
+        if isinstance(a, torch.Tensor):
+            return a.clone() if dtype is None else a.to(dtype)
+        if isinstance(a, list):
+            return [copy(t) for t in a]
+        return a
+
+    return tuple(copy(a) for a in args)
+
+
+def _updated(args) -> list:
+    return [t for i in MUTATED for t in args[i]]
+
+
+def _inputs(sizes, dtype="float32", seed=0, **change):
+    """make_inputs' tensors at the given sizes (one per entry), flags from ``change``."""
+    g = torch.Generator().manual_seed(seed)
+    base = list(SPEC.make_inputs({"tensors": 1, "numel": 1}, dtype, g))
+    dt = getattr(torch, dtype)
+    amsgrad = change.get("amsgrad", base[11])
+    base[0] = [torch.randn(n, generator=g).to(dt) for n in sizes]
+    base[1] = [torch.randn(n, generator=g).to(dt) for n in sizes]
+    base[2] = [torch.randn(n, generator=g) * 0.1 for n in sizes]
+    base[3] = [torch.randn(n, generator=g) ** 2 * 0.01 for n in sizes]
+    base[4] = [v + 0.01 for v in base[3]] if amsgrad else []
+    base[5] = [torch.tensor(float(3 + i)) for i in range(len(sizes))]
+    names = ["lr", "beta1", "beta2", "weight_decay", "eps", "amsgrad", "maximize", "grad_scale"]
+    for i, name in enumerate(names + ["found_inf"], start=6):
+        if name in change:
+            base[i] = change[name]
+    return tuple(base)
+
+
+def _check(args, config, dtype):
+    """Kernel and fp64 reference, each on its own copies; every updated tensor compared."""
+    ran, ref = _copies(args), _copies(args, torch.float64)
+    run_kernel(SPEC, ran, config)
+    SPEC.reference(*ref, upcast=True)
+    for i, (got, want) in enumerate(zip(_updated(ran), _updated(ref))):
+        assert_within_tolerance(got, want, SPEC.tolerances[dtype], f"[tensor {i} {config}]")
+
+
+# -- the plan -------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(numel=st.integers(1, 5 * 128 * 64 + 300), tile=st.sampled_from([1, 3, 64]))
+def test_chunks_cover_each_tensor_exactly_once(numel, tile):
+    covered = 0
+    for offset, rows, cols in adamw._chunks(numel, 128, tile):
+        assert offset == covered and 1 <= rows <= 128 and 1 <= cols <= tile
+        assert cols == 1 or rows == 128  # only the tail has fewer partitions
+        covered += rows * cols
+    assert covered == numel
+
+
+def test_waves_hold_in_flight_chunks_in_order():
+    config = adamw.AdamwConfig(tile_free=512, in_flight=3)
+    plan = SPEC.check(
+        {"tensors": 2, "numel": 1, "sizes": (128 * 512 * 2 + 5, 7)}, "float32", config, "trn2"
+    )
+    assert plan.waves == (
+        ((0, 0, 128, 512), (0, 128 * 512, 128, 512), (0, 2 * 128 * 512, 5, 1)),
+        ((1, 0, 7, 1),),
+    )
+
+
+def test_budget_binds_at_large_tiles():
+    """4096-wide tiles with 4 chunks in flight cannot fit; the default fits on every target."""
+    big = adamw.AdamwConfig(tile_free=4096, in_flight=4)
+    problem = SPEC.test_problems["large"]
+    with pytest.raises(LimitError) as err:
+        SPEC.check(problem, "float32", big, "trn2")
+    assert err.value.arg == "SBUF bytes per partition"
+    for target in TARGETS:
+        plan = SPEC.check(problem, "float32", SPEC.config.default(), target)
+        assert plan.sbuf_bytes <= TARGETS[target].sbuf_usable_bytes
+
+
+# -- numerics ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(
+        st.one_of(st.integers(1, 300), st.sampled_from([128, 129, 128 * 512, 128 * 512 + 131])),
+        min_size=1,
+        max_size=4,
+    ),
+    dtype=st.sampled_from(adamw.PARAM_DTYPES),
+    amsgrad=st.booleans(),
+    maximize=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_kernel_matches_reference_over_counts_and_sizes(sizes, dtype, amsgrad, maximize, seed):
+    """1 element up to non-multiples of 128 x tile, several tensors per launch."""
+    args = _inputs(sizes, dtype, seed, amsgrad=amsgrad, maximize=maximize)
+    _check(args, SMALL_TILES, dtype)
+
+
+@pytest.mark.parametrize("engines", adamw.ENGINE_CHOICES)
+def test_low_precision_grads_with_fp32_params(engines):
+    """The master-weight call: fp32 params (the master copy), bf16 gradients."""
+    args = list(_inputs([300, 129], "float32", amsgrad=True, grad_scale=torch.tensor(64.0)))
+    args[1] = [(g * 64).to(torch.bfloat16) for g in args[1]]
+    _check(tuple(args), adamw.AdamwConfig(engines=engines), "float32")
+
+
+@pytest.mark.parametrize("engines", adamw.ENGINE_CHOICES)
+@pytest.mark.parametrize("dtype", adamw.PARAM_DTYPES)
+def test_found_inf_leaves_every_tensor_bitwise_unchanged(engines, dtype):
+    """inf and NaN gradients with found_inf set: params and state keep their bits."""
+    args = _inputs([300, 5], dtype, amsgrad=True, found_inf=torch.tensor(1.0))
+    args[1][0][3], args[1][0][7], args[1][1][0] = float("inf"), float("nan"), float("-inf")
+    before = _copies(args)
+    run_kernel(SPEC, args, adamw.AdamwConfig(engines=engines))
+    for got, was in zip(_updated(args), _updated(before)):
+        assert torch.equal(got.view(torch.int16 if got.itemsize == 2 else torch.int32),
+                           was.view(torch.int16 if was.itemsize == 2 else torch.int32))  # fmt: skip
+    assert all(s.item() == b.item() for s, b in zip(args[5], before[5]))  # steps untouched
+
+
+def test_zero_state_and_eps_stay_in_the_activation_ranges():
+    """v = m = g = 0 with eps = 0: sqrt and reciprocal inputs stay in their documented
+    ranges (the interpreter gives NaN outside them), so the update is the decay alone."""
+    zeros = [torch.zeros(200)]
+    args = _inputs([200], eps=0.0, amsgrad=False, grad_scale=None)
+    args = (args[0], zeros, [torch.zeros(200)], [torch.zeros(200)], [], *args[5:])
+    p0 = args[0][0].clone()
+    run_kernel(SPEC, args, SPEC.config.default())
+    torch.testing.assert_close(args[0][0], p0 * (1 - args[6] * args[9]), rtol=2**-22, atol=0)
+
+
+# -- device-tensor hyperparameters ----------------------------------------------------------
+
+
+def test_new_lr_and_step_need_no_new_kernel_build(monkeypatch):
+    """A new lr or step count reaches the kernel as data: every call has the same
+    compile-time arguments and tensor shapes (NKI's cache key), so one build serves all."""
+    keys = set()
+    real = routing.interpreter_runner
+
+    def recording(kernel, *args, **kwargs):
+        def key(a):
+            if isinstance(a, tuple):
+                return tuple(key(x) for x in a)
+            if isinstance(a, torch.Tensor):
+                return (tuple(a.shape), a.dtype)
+            return a
+
+        keys.add((kernel, key(args)))
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(routing, "interpreter_runner", recording)
+    args = _inputs([300, 40], amsgrad=False, found_inf=None, grad_scale=None)
+    seen = []
+    with cpu_mode("interpret"):
+        for k, lr in enumerate([1e-3, 3e-3, 5e-4, 2e-2]):
+            for s in args[5]:
+                s.fill_(k + 1)
+            call = (*args[:6], lr, *args[7:])
+            torch.ops.neuron.fused_adamw_(*call)
+            seen.append(args[0][0].clone())
+    assert len(keys) == 1, keys
+    assert all(not torch.equal(a, b) for a, b in zip(seen, seen[1:]))  # each call did update
+
+
+# -- engines ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "engines, expected",
+    [("vector", {"vector"}), ("vector_scalar", {"vector", "scalar"}), ("spread", {"vector", "scalar", "gpsimd"})],
+)  # fmt: skip
+def test_engine_assignment_is_what_the_config_says(engines, expected):
+    runs = []
+    args = _inputs([128 * 64], amsgrad=True)
+    run_kernel(SPEC, args, adamw.AdamwConfig(engines=engines), runs=runs)
+    compute = {e for e in runs[0].trace.count_by_engine() if e not in ("dma",)}
+    assert compute == expected
+
+
+# -- bad input and edge cases ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["reference", "interpret"])
+def test_bad_input_in_the_middle_leaves_every_tensor_untouched(mode):
+    args = list(_inputs([50, 60, 70], amsgrad=True))
+    args[3] = [args[3][0], torch.zeros(61), args[3][2]]  # exp_avg_sqs[1] has the wrong shape
+    before = _copies(tuple(args))
+    with cpu_mode(mode), pytest.raises(LimitError) as err:
+        torch.ops.neuron.fused_adamw_(*args)
+    assert err.value.arg == "exp_avg_sqs[1] shape" and "(60,)" in str(err.value)
+    for got, was in zip(_updated(tuple(args)), _updated(before)):
+        assert torch.equal(got, was)
+
+
+def test_empty_lists_and_empty_tensors_are_no_ops():
+    with cpu_mode("interpret"):
+        torch.ops.neuron.fused_adamw_(
+            [], [], [], [], [], [], 1e-3, 0.9, 0.999, 0.0, 1e-8, False, False
+        )
+        args = _inputs([0, 9], amsgrad=False)
+        before = _copies(args)
+        torch.ops.neuron.fused_adamw_(*args)
+    assert args[0][0].numel() == 0 and not torch.equal(args[0][1], before[0][1])
