@@ -3,11 +3,16 @@ import: ``from neuron_kernels.torch_ops.nn import scaled_dot_product_attention``
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from neuron_kernels.errors import LimitError
+from neuron_kernels.kernels.rms_norm import CASTING_MODES
+from neuron_kernels.kernels.spec import DTYPES, dtype_name
 
-__all__ = ["scaled_dot_product_attention"]
+__all__ = ["RMSNorm", "scaled_dot_product_attention"]
 
 _SDPA = "scaled_dot_product_attention"
 
@@ -67,3 +72,93 @@ def scaled_dot_product_attention(
             key.shape[1],
         )
     return torch.ops.neuron.flash_attention(query, key, value, bool(is_causal), scale)
+
+
+class RMSNorm(torch.nn.Module):
+    """Drop-in for :class:`torch.nn.RMSNorm` running ``torch.ops.neuron.rms_norm``.
+
+    ``y = x / sqrt(mean(x^2) + eps) * weight`` over the last ``len(normalized_shape)`` dims
+    (flattened into one H for the op). Constructor arguments and the ``weight`` parameter are
+    torch's; ``eps=None`` means what it means in torch: the epsilon of the dtype torch computes
+    in (``torch.finfo(torch.float32).eps`` for bf16/fp16 inputs, else x's), at each call.
+    Torch's RMSNorm computes in fp32, weight included, and casts once: that is the op's
+    ``casting_mode="gemma"``, this module's default. Extras, keyword-only: ``casting_mode``
+    ("llama" rounds the normalized x to the input dtype before the weight multiply, as
+    Llama's reference code does; "none") and ``offset`` (Gemma's 1.0, with the weight then
+    initialised to 0, as Gemma stores ``w - 1``).
+
+    Inputs the op does not take (float64) run torch's own ``rms_norm``; a weight of another
+    dtype than x is cast to x's dtype for the op (autograd casts its gradient back).
+    """
+
+    def __init__(
+        self,
+        normalized_shape,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        casting_mode: str = "gemma",
+        offset: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(int(n) for n in normalized_shape)
+        if casting_mode not in CASTING_MODES:
+            raise ValueError(
+                f"RMSNorm: casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}"
+            )
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.casting_mode = casting_mode
+        self.offset = float(offset)
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(
+                torch.empty(self.normalized_shape, device=device, dtype=dtype)
+            )
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            # The effective scale offset + weight starts at 1.
+            torch.nn.init.constant_(self.weight, 1.0 - self.offset)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = len(self.normalized_shape)
+        if tuple(x.shape[x.dim() - k :]) != self.normalized_shape:
+            raise ValueError(
+                f"RMSNorm: input's last dims must be {list(self.normalized_shape)}, "
+                f"got shape {list(x.shape)}"
+            )
+        # torch's eps=None: the epsilon of the dtype it computes in (fp32 for 2-byte inputs).
+        opmath = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+        eps = torch.finfo(opmath).eps if self.eps is None else self.eps
+        h = math.prod(self.normalized_shape)
+        if self.weight is not None:
+            weight = self.weight.reshape(h)
+        else:
+            weight = torch.full((h,), 1.0 - self.offset, dtype=x.dtype, device=x.device)
+        if dtype_name(x) not in DTYPES:  # e.g. float64: torch's own op
+            w = None if self.weight is None else self.offset + self.weight
+            return torch.nn.functional.rms_norm(x, self.normalized_shape, w, eps)
+        y = torch.ops.neuron.rms_norm(
+            x.reshape(*x.shape[: x.dim() - k], h),
+            weight.to(x.dtype),
+            float(eps),
+            self.offset,
+            self.casting_mode,
+        )
+        return y.reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        extras = ""
+        if self.casting_mode != "gemma" or self.offset:
+            extras = f", casting_mode={self.casting_mode!r}, offset={self.offset}"
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, "
+            f"elementwise_affine={self.elementwise_affine}{extras}"
+        )
