@@ -147,17 +147,17 @@ class FusedAdamW(torch.optim.Optimizer):
                 state[MASTER] = master.to(device=p.device, dtype=fp32).contiguous()
         return state
 
-    def _process_value_according_to_param_policy(param, value, param_id, param_groups, key=None):  # noqa: N805
-        """Loading keeps fp32 state fp32 (torch's default casts it to the param's dtype)."""
-        if key == "step" or not torch.is_tensor(value) or not value.is_floating_point():
-            return torch.optim.Optimizer._process_value_according_to_param_policy(
-                param, value, param_id, param_groups, key
-            )
-        return value.to(device=param.device, dtype=torch.float32)
-
-    _process_value_according_to_param_policy = staticmethod(
-        _process_value_according_to_param_policy
-    )
+    def load_state_dict(self, state_dict: dict) -> None:
+        """As ``Optimizer.load_state_dict``, but floating state (moments, master copies,
+        the step) is fp32 on the param's device (torch casts moments to the param's dtype)
+        and copied, never shared with the source (which would count its steps twice)."""
+        super().load_state_dict(state_dict)
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for saved_id, p in zip(saved_ids, params):
+            for key, value in state_dict["state"].get(saved_id, {}).items():
+                if torch.is_tensor(value) and value.is_floating_point():
+                    self.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
 
     # -- the step ---------------------------------------------------------------------------
 
