@@ -61,6 +61,11 @@ __all__ = [
 ]
 
 OP = "flash_attention_bwd"
+# Software pipeline depth (tile pairs): stage 2 (dK/dV, dS^T) and stage 3 (dQ) trail the
+# scores by this many pairs, so each in-order engine queue has independent work while a
+# pair's results cross engines (~200-cycle engine latency, cost_model/params.py).
+PIPELINE_LAG_KV = 2
+PIPELINE_LAG_Q = 4
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,10 @@ class FlashAttentionBwdConfig(TunableConfig):
     Attributes:
         tile_k: keys per tile: the partition extent of the dK/dV tiles and the free extent
             of the score tiles (queries are always 128 per tile, on partitions).
+        kv_block: key tiles per block under "kv_outer": their dK/dV sums share one PSUM
+            bank each and every query tile meets the block's tiles in a row, so dQ sums in
+            PSUM over the block before one fold into SBUF (clipped to what one bank holds
+            at the head dim: 2 tiles at D=256).
         q_block: query tiles whose Q, dO (both orientations), lse, D and dQ stay in SBUF
             for one pass over the keys; the longer the block, the fewer K/V reloads.
         loop_order: "kv_outer" loops keys outside queries within a pass: dK/dV sum in PSUM
@@ -80,12 +89,22 @@ class FlashAttentionBwdConfig(TunableConfig):
             dS^T for dQ): "pe" on TensorE through PSUM; "dma" by DMA transposes (2-byte
             dtypes, trn2+); "vector" loads like "pe" but transposes dS in 32x32 blocks on
             VectorE, freeing TensorE and a PSUM bank.
+        elementwise: which engines do the per-pair elementwise work besides exp (ScalarE):
+            "vector" computes dS in one VectorE pass from PSUM and evacuates dS^T on VectorE;
+            "split" has ScalarE compute dP - D from PSUM and evacuate dS^T, leaving VectorE
+            one 2-byte SBUF multiply (its fast mode) for dS: engines balanced against
+            TensorE (an extra rounding of dP - D to the input dtype).
     """
 
     op_name = OP
 
     tile_k: int = tunable(
         128, (64, 128), "correctness: 128 keys fill the partitions of the dK/dV tiles"
+    )
+    kv_block: int = tunable(
+        4,
+        (1, 4),
+        "modeled: 4-tile key blocks sum dK/dV and dQ in PSUM over 4 pairs, halving VectorE folds",
     )
     q_block: int = tunable(
         16,
@@ -99,6 +118,11 @@ class FlashAttentionBwdConfig(TunableConfig):
     )
     transpose: str = tunable(
         "pe", ("pe", "dma", "vector"), "correctness: the transpose every dtype and target has"
+    )
+    elementwise: str = tunable(
+        "split",
+        ("vector", "split"),
+        "modeled: VectorE binds when it does all of dS and the PSUM evacuations",
     )
 
 
@@ -120,11 +144,15 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     tile_q: int  # query rows per tile (partitions of the score tiles)
     tile_k: int  # keys per tile
     q_block: int  # query tiles per pass
+    kv_block: int  # key tiles per block (kv_outer), fitted to one PSUM bank per sum
     d_tile: int  # rows of one contraction chunk over D (<= pmax)
     d_chunks: int  # contraction chunks over D
     loop_order: str  # "kv_outer" or "q_outer"
     transpose: str  # "pe", "dma" or "vector"
+    elementwise: str  # "vector" or "split"
     vector_transpose: int  # VectorE transpose block (32)
+    lag_kv: int  # pipeline: stage 2 (dK/dV, dS^T) runs this many pairs behind the scores
+    lag_q: int  # pipeline: stage 3 (dQ) runs this many pairs behind the scores
     pe_transpose_keeps_dtype: bool  # PE transposes write the input dtype to PSUM (v3+)
     sbuf_bytes: int
     psum_banks: int
@@ -163,25 +191,32 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     n_kt = ceil_div(sk, tk)
     keys = min(tk, sk)
 
+    # One PSUM bank per dK and per dV sum of a key block (kv_outer).
+    kv_block = max(1, min(config.kv_block, n_kt, target.psum_bank_bytes // (d * 4)))
+    if config.loop_order == "q_outer":
+        kv_block = 1
+    lag = PIPELINE_LAG_Q
+
     # SBUF bytes per partition, the live tiles at the peak (an upper bound).
     q_side = 2 * n_qt * d * item  # Q and dO rows
     q_side += 2 * d_chunks * rows * item  # Q^T and dO^T
-    q_side += 2 * n_qt * 4  # -lse and D columns
+    q_side += 2 * n_qt * 4  # -lse and -D columns
     q_side += d * item + d * 4  # one O tile and its product with dO (for D)
+    key_tile = 2 * d * item + 2 * d_chunks * tk * item  # K and V rows, K^T and V^T
     if config.loop_order == "kv_outer":
         q_side += n_qt * d * 4  # dQ accumulators
-        kv_side = d * item + 2 * d_chunks * keys * item  # K rows, K^T, V^T
+        kv_side = 2 * kv_block * key_tile  # this key block and the next (prefetch)
     else:
-        kv_side = n_kt * d * item + 2 * d_chunks * sk * item  # every K/V tile of the head
-    kv_side += d * item  # V rows awaiting their transpose
+        kv_side = n_kt * key_tile  # every key tile of the head
     group = 2 * n_kt * d * 4  # dK and dV fp32 accumulators over the query heads
-    pair = 2 * keys * item + tq * item  # P, dS and dS^T of one tile pair
+    pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
     staging = d * item  # one output tile in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
 
-    # PSUM: S and dP, the dQ and dK/dV sums (3 tiles: one sum, two partials or the reverse),
-    # the dS^T of a PE transpose, and one bank for the PE transposes of the loads.
-    banks = 2 + 3 + (config.transpose == "pe") + (config.transpose != "dma")
+    # PSUM: S and dP; dQ's sum; dK's and dV's sums (a block's, or one pair's partials);
+    # the dS^T of a PE transpose; one bank for the PE transposes of the loads.
+    sum_banks = ceil_div(kv_block * d * 4, target.psum_bank_bytes)
+    banks = 2 + 1 + 2 * sum_banks + (config.transpose == "pe") + (config.transpose != "dma")
     return FlashAttentionBwdPlan(
         b=b,
         hkv=hkv,
@@ -193,11 +228,15 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         tile_q=tq,
         tile_k=tk,
         q_block=config.q_block,
+        kv_block=kv_block,
         d_tile=d_tile,
         d_chunks=d_chunks,
         loop_order=config.loop_order,
         transpose=config.transpose,
+        elementwise=config.elementwise,
         vector_transpose=target.vector_transpose_max,
+        lag_kv=PIPELINE_LAG_KV,
+        lag_q=PIPELINE_LAG_Q,
         pe_transpose_keeps_dtype=target.has_transpose_mode,
         sbuf_bytes=sbuf,
         psum_banks=banks,
@@ -207,26 +246,23 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
 # -- the NKI kernel ----------------------------------------------------------------------
 
 
-def _load_rows(src, rows_dst, t_dst, n, plan, psum_dtype):
-    """Copy ``src [n, D]`` (HBM) into ``rows_dst [n, D]`` and its transpose into the
-    D-chunk views ``t_dst[c] [d_tile, n]`` (SBUF); ``rows_dst`` may be None (V)."""
-    d = plan.d
-    dt = plan.d_tile
-    if plan.transpose == "dma":
-        if rows_dst is not None:
-            nisa.dma_copy(dst=rows_dst, src=src)
-        for c in range(plan.d_chunks):
-            dcs = min(dt, d - c * dt)
-            nisa.dma_transpose(dst=t_dst[c][0:dcs, 0:n], src=src[0:n, c * dt : c * dt + dcs])
-        return
-    if rows_dst is None:
-        rows_dst = nl.ndarray((n, d), dtype=src.dtype, buffer=nl.sbuf, name="rows")
+def _load_rows(src, rows_dst, plan):
+    """DMA ``src [n, D]`` (HBM) into ``rows_dst [n, D]`` (SBUF)."""
     nisa.dma_copy(dst=rows_dst, src=src)
+
+
+def _transpose_rows(src, rows, t_dst, n, plan, psum_dtype):
+    """Fill the D-chunk views ``t_dst[c] [d_tile, n]`` with the transpose of ``src [n, D]``:
+    DMA transposes from HBM, or PE transposes of the SBUF ``rows`` through PSUM."""
+    d, dt = plan.d, plan.d_tile
     for c in range(plan.d_chunks):
         dcs = min(dt, d - c * dt)
-        tp = nl.ndarray((dcs, n), dtype=psum_dtype, buffer=nl.psum, name="load_t")
-        nisa.nc_transpose(dst=tp, data=rows_dst[0:n, c * dt : c * dt + dcs])
-        nisa.tensor_copy(dst=t_dst[c][0:dcs, 0:n], src=tp)
+        if plan.transpose == "dma":
+            nisa.dma_transpose(dst=t_dst[c][0:dcs, 0:n], src=src[0:n, c * dt : c * dt + dcs])
+        else:
+            tp = nl.ndarray((dcs, n), dtype=psum_dtype, buffer=nl.psum, name="load_t")
+            nisa.nc_transpose(dst=tp, data=rows[0:n, c * dt : c * dt + dcs])
+            nisa.tensor_copy(dst=t_dst[c][0:dcs, 0:n], src=tp)
 
 
 def _transpose_ds(ds, n_q, n_k, plan, psum_dtype):
@@ -235,7 +271,10 @@ def _transpose_ds(ds, n_q, n_k, plan, psum_dtype):
     if plan.transpose == "pe":
         tp = nl.ndarray((n_k, n_q), dtype=psum_dtype, buffer=nl.psum, name="ds_t_psum")
         nisa.nc_transpose(dst=tp, data=ds[0:n_q, 0:n_k])
-        nisa.tensor_copy(dst=dst[0:n_k, 0:n_q], src=tp)
+        if plan.elementwise == "split":
+            nisa.activation(dst=dst[0:n_k, 0:n_q], op=nl.copy, data=tp)  # on ScalarE
+        else:
+            nisa.tensor_copy(dst=dst[0:n_k, 0:n_q], src=tp)
     elif plan.transpose == "dma":
         nisa.dma_transpose(dst=dst[0:n_k, 0:n_q], src=ds[0:n_q, 0:n_k])
     else:
@@ -265,9 +304,10 @@ def _visibility(q0, n_q, k0, n_k, plan):
     return "some"
 
 
-def _tile_pair(qs, t, kv, j, n_q, n_k, q0, k0, seen, scale, plan, psum_dtype):
-    """Recompute P and dS of one (query tile, key tile) pair; returns ``(p, ds, ds_t)`` SBUF
-    tiles (``[n_q, n_k]``, ``[n_q, n_k]``, ``[n_k, n_q]``)."""
+def _scores(qs, kv, pair, scale, plan):
+    """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
+    the diagonal) and ``dS = P * (dP - D)``; returns the pair's SBUF tiles."""
+    t, j, q0, n_q, k0, n_k, seen = pair
     tq, tk, dt = plan.tile_q, plan.tile_k, plan.d_tile
     dtype = qs["q"].dtype
     s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.psum, name="s")
@@ -276,7 +316,7 @@ def _tile_pair(qs, t, kv, j, n_q, n_k, q0, k0, seen, scale, plan, psum_dtype):
         nisa.nc_matmul(
             dst=s[0:n_q, 0:n_k],
             stationary=qs["q_t"][0:dcs, c, t * tq : t * tq + n_q],
-            moving=kv["k_t"][0:dcs, c, j * tk : j * tk + n_k],
+            moving=kv["k_t"][0:dcs, c, 0:n_k],
             accumulate=c > 0,
         )
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
@@ -304,20 +344,28 @@ def _tile_pair(qs, t, kv, j, n_q, n_k, q0, k0, seen, scale, plan, psum_dtype):
         nisa.nc_matmul(
             dst=dp[0:n_q, 0:n_k],
             stationary=qs["do_t"][0:dcs, c, t * tq : t * tq + n_q],
-            moving=kv["v_t"][0:dcs, c, j * tk : j * tk + n_k],
+            moving=kv["v_t"][0:dcs, c, 0:n_k],
             accumulate=c > 0,
         )
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
-    nisa.scalar_tensor_tensor(
-        dst=ds[0:n_q, 0:n_k],
-        data=dp[0:n_q, 0:n_k],
-        op0=nl.subtract,
-        operand0=qs["dvec"][0:n_q, t : t + 1],
-        op1=nl.multiply,
-        operand1=p[0:n_q, 0:n_k],
-    )
-    ds_t = _transpose_ds(ds, n_q, n_k, plan, psum_dtype)
-    return p, ds, ds_t
+    neg_d = qs["neg_dvec"][0:n_q, t : t + 1]
+    if plan.elementwise == "split":
+        # ScalarE: dP - D out of PSUM; VectorE: one SBUF x SBUF multiply by P.
+        dp_d = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="dp_minus_d")
+        nisa.activation(dst=dp_d[0:n_q, 0:n_k], op=nl.copy, data=dp[0:n_q, 0:n_k], bias=neg_d)
+        nisa.tensor_tensor(
+            dst=ds[0:n_q, 0:n_k], data1=dp_d[0:n_q, 0:n_k], data2=p[0:n_q, 0:n_k], op=nl.multiply
+        )
+    else:
+        nisa.scalar_tensor_tensor(
+            dst=ds[0:n_q, 0:n_k],
+            data=dp[0:n_q, 0:n_k],
+            op0=nl.add,
+            operand0=neg_d,
+            op1=nl.multiply,
+            operand1=p[0:n_q, 0:n_k],
+        )
+    return {"p": p, "ds": ds, "ds_t": None}
 
 
 def _fold(acc, part, first):
@@ -328,9 +376,83 @@ def _fold(acc, part, first):
         nisa.tensor_tensor(dst=acc, data1=acc, data2=part, op=nl.add)
 
 
+def _kv_grads(st, qs, pair, first, last, acc, plan, psum_dtype):
+    """Stage 2 of a tile pair: ``dV_j += P^T dO_i`` and ``dK_j += dS^T Q_i``, then ``dS^T``
+    for stage 3. Under "kv_outer" the sums of a key block's tiles stay in PSUM over the
+    block's pairs (``first``/``last`` mark the block's first and last pair) and fold into
+    the fp32 SBUF sums once; under "q_outer" each pair's product folds into SBUF."""
+    t, j, q0, n_q, k0, n_k, seen = pair
+    tk, d, kb = plan.tile_k, plan.d, plan.kv_block
+    if plan.loop_order == "kv_outer":
+        jb = (j // kb) * kb
+        if first:
+            acc["dk_ps"] = nl.ndarray((tk, kb, d), dtype=nl.float32, buffer=nl.psum, name="dk_ps")
+            acc["dv_ps"] = nl.ndarray((tk, kb, d), dtype=nl.float32, buffer=nl.psum, name="dv_ps")
+            acc["in_block"] = [False] * kb
+        slot = j - jb
+        dk_ps, dv_ps = acc["dk_ps"][0:n_k, slot, :], acc["dv_ps"][0:n_k, slot, :]
+        chained = acc["in_block"][slot]
+        acc["in_block"][slot] = True
+    else:
+        dk_ps = nl.ndarray((tk, d), dtype=nl.float32, buffer=nl.psum, name="dk_ps")[0:n_k, :]
+        dv_ps = nl.ndarray((tk, d), dtype=nl.float32, buffer=nl.psum, name="dv_ps")[0:n_k, :]
+        chained = False
+    nisa.nc_matmul(
+        dst=dv_ps,
+        stationary=st["p"][0:n_q, 0:n_k],
+        moving=qs["do"][0:n_q, t, :],
+        accumulate=chained,
+    )
+    nisa.nc_matmul(
+        dst=dk_ps,
+        stationary=st["ds"][0:n_q, 0:n_k],
+        moving=qs["q"][0:n_q, t, :],
+        accumulate=chained,
+    )
+    if plan.loop_order == "kv_outer":
+        if last:
+            for slot in range(kb):
+                if acc["in_block"][slot]:
+                    jj = jb + slot
+                    nk = min(tk, plan.sk - jj * tk)
+                    started = acc["kv_started"][jj]
+                    _fold(acc["dk"][0:nk, jj, :], acc["dk_ps"][0:nk, slot, :], not started)
+                    _fold(acc["dv"][0:nk, jj, :], acc["dv_ps"][0:nk, slot, :], not started)
+                    acc["kv_started"][jj] = True
+    else:
+        started = acc["kv_started"][j]
+        _fold(acc["dk"][0:n_k, j, :], dk_ps, not started)
+        _fold(acc["dv"][0:n_k, j, :], dv_ps, not started)
+        acc["kv_started"][j] = True
+    st["ds_t"] = _transpose_ds(st["ds"], n_q, n_k, plan, psum_dtype)
+
+
+def _q_grads(st, kv, pair, first, last, acc, dq_dst, scale, plan):
+    """Stage 3 of a tile pair: ``dQ_i += dS K_j``, summed in PSUM over consecutive pairs of
+    query tile i (``first``/``last``): a key block's pairs under "kv_outer", then folded
+    into fp32 SBUF; every key tile under "q_outer", then scaled and stored."""
+    t, j, q0, n_q, k0, n_k, seen = pair
+    tq, d = plan.tile_q, plan.d
+    if first:
+        acc["dq_ps"] = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.psum, name="dq_ps")
+    nisa.nc_matmul(
+        dst=acc["dq_ps"][0:n_q, :],
+        stationary=st["ds_t"][0:n_k, 0:n_q],
+        moving=kv["k"][0:n_k, :],
+        accumulate=not first,
+    )
+    if not last:
+        return
+    if plan.loop_order == "kv_outer":
+        _fold(acc["dq"][0:n_q, t, :], acc["dq_ps"][0:n_q, :], not acc["q_started"][t])
+    else:
+        _store_scaled(dq_dst[q0 : q0 + n_q, :], acc["dq_ps"][0:n_q, :], n_q, scale, plan.d)
+    acc["q_started"][t] = True
+
+
 def _load_query_pass(dout, q, out, lse, b, h, p0, n_tiles, plan, psum_dtype):
     """SBUF tiles of one pass over query tiles ``p0 .. p0 + n_tiles``: Q and dO rows and
-    transposes, ``-lse`` and ``D = rowsum(dO * O)`` columns; tiles no key can reach are
+    transposes, ``-lse`` and ``-D = -rowsum(dO * O)`` columns; tiles no key can reach are
     left unloaded (their dQ is zero)."""
     tq, d = plan.tile_q, plan.d
     rows = n_tiles * tq
@@ -341,7 +463,7 @@ def _load_query_pass(dout, q, out, lse, b, h, p0, n_tiles, plan, psum_dtype):
         "q_t": nl.ndarray((plan.d_tile, plan.d_chunks, rows), dtype=dtype, buffer=nl.sbuf),
         "do_t": nl.ndarray((plan.d_tile, plan.d_chunks, rows), dtype=dtype, buffer=nl.sbuf),
         "neg_lse": nl.ndarray((tq, n_tiles), dtype=nl.float32, buffer=nl.sbuf, name="neg_lse"),
-        "dvec": nl.ndarray((tq, n_tiles), dtype=nl.float32, buffer=nl.sbuf, name="dvec"),
+        "neg_dvec": nl.ndarray((tq, n_tiles), dtype=nl.float32, buffer=nl.sbuf, name="neg_d"),
     }
     for t in range(n_tiles):
         q0 = (p0 + t) * tq
@@ -350,10 +472,11 @@ def _load_query_pass(dout, q, out, lse, b, h, p0, n_tiles, plan, psum_dtype):
             continue
         q_tv = [qs["q_t"][:, c, t * tq : t * tq + n_q] for c in range(plan.d_chunks)]
         do_tv = [qs["do_t"][:, c, t * tq : t * tq + n_q] for c in range(plan.d_chunks)]
-        _load_rows(q[b, h, q0 : q0 + n_q, :], qs["q"][0:n_q, t, :], q_tv, n_q, plan, psum_dtype)
-        _load_rows(
-            dout[b, h, q0 : q0 + n_q, :], qs["do"][0:n_q, t, :], do_tv, n_q, plan, psum_dtype
-        )
+        q_rows, do_rows = qs["q"][0:n_q, t, :], qs["do"][0:n_q, t, :]
+        _load_rows(q[b, h, q0 : q0 + n_q, :], q_rows, plan)
+        _load_rows(dout[b, h, q0 : q0 + n_q, :], do_rows, plan)
+        _transpose_rows(q[b, h, q0 : q0 + n_q, :], q_rows, q_tv, n_q, plan, psum_dtype)
+        _transpose_rows(dout[b, h, q0 : q0 + n_q, :], do_rows, do_tv, n_q, plan, psum_dtype)
         nisa.dma_copy(dst=qs["neg_lse"][0:n_q, t : t + 1], src=lse[b, h, q0 : q0 + n_q])
         nisa.tensor_scalar(
             dst=qs["neg_lse"][0:n_q, t : t + 1],
@@ -365,34 +488,63 @@ def _load_query_pass(dout, q, out, lse, b, h, p0, n_tiles, plan, psum_dtype):
         nisa.dma_copy(dst=o_rows[0:n_q, :], src=out[b, h, q0 : q0 + n_q, :])
         prod = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.sbuf, name="do_o")
         nisa.tensor_tensor(
-            dst=prod[0:n_q, :], data1=qs["do"][0:n_q, t, :], data2=o_rows[0:n_q, :], op=nl.multiply
+            dst=prod[0:n_q, :], data1=do_rows, data2=o_rows[0:n_q, :], op=nl.multiply
         )
-        nisa.tensor_reduce(dst=qs["dvec"][0:n_q, t : t + 1], op=nl.add, data=prod[0:n_q, :], axis=1)
+        nisa.tensor_reduce(
+            dst=qs["neg_dvec"][0:n_q, t : t + 1],
+            op=nl.add,
+            data=prod[0:n_q, :],
+            axis=1,
+            negate=True,
+        )
     return qs
 
 
-def _load_kv(k, v, b, hk, j0, n_tiles, plan, psum_dtype):
-    """K rows, K^T and V^T of key tiles ``j0 .. j0 + n_tiles`` in SBUF."""
+def _load_kv_rows(k, v, b, hk, j, plan):
+    """Phase 1 of loading key tile ``j``: its K and V rows by DMA (and, with DMA transposes,
+    K^T and V^T too). Returns the tile's SBUF tensors."""
     tk, d = plan.tile_k, plan.d
-    keys = min(n_tiles * tk, plan.sk - j0 * tk)
+    k0 = j * tk
+    n_k = min(tk, plan.sk - k0)
     kv = {
-        "k": nl.ndarray((tk, n_tiles, d), dtype=k.dtype, buffer=nl.sbuf, name="k_rows"),
-        "k_t": nl.ndarray((plan.d_tile, plan.d_chunks, keys), dtype=k.dtype, buffer=nl.sbuf),
-        "v_t": nl.ndarray((plan.d_tile, plan.d_chunks, keys), dtype=v.dtype, buffer=nl.sbuf),
+        "k": nl.ndarray((tk, d), dtype=k.dtype, buffer=nl.sbuf, name="k_rows"),
+        "v": nl.ndarray((tk, d), dtype=v.dtype, buffer=nl.sbuf, name="v_rows"),
+        "k_t": nl.ndarray((plan.d_tile, plan.d_chunks, tk), dtype=k.dtype, buffer=nl.sbuf),
+        "v_t": nl.ndarray((plan.d_tile, plan.d_chunks, tk), dtype=v.dtype, buffer=nl.sbuf),
+        "k_src": k[b, hk, k0 : k0 + n_k, :],
+        "v_src": v[b, hk, k0 : k0 + n_k, :],
+        "n": n_k,
     }
-    for j in range(n_tiles):
-        k0 = (j0 + j) * tk
-        n_k = min(tk, plan.sk - k0)
-        k_tv = [kv["k_t"][:, c, j * tk : j * tk + n_k] for c in range(plan.d_chunks)]
-        v_tv = [kv["v_t"][:, c, j * tk : j * tk + n_k] for c in range(plan.d_chunks)]
-        _load_rows(k[b, hk, k0 : k0 + n_k, :], kv["k"][0:n_k, j, :], k_tv, n_k, plan, psum_dtype)
-        _load_rows(v[b, hk, k0 : k0 + n_k, :], None, v_tv, n_k, plan, psum_dtype)
+    _load_rows(kv["k_src"], kv["k"][0:n_k, :], plan)
+    if plan.transpose != "dma":
+        _load_rows(kv["v_src"], kv["v"][0:n_k, :], plan)
+    else:
+        _transpose_kv(kv, plan, None)
     return kv
 
 
-def _store_scaled(dst, acc, n, scale, dtype, d):
-    """``dst [n, D]`` (HBM) = ``scale * acc`` rounded to ``dtype``; zeros when ``acc`` is None."""
-    staged = nl.ndarray((n, d), dtype=dtype, buffer=nl.sbuf, name="grad_out")
+def _transpose_kv(kv, plan, psum_dtype):
+    """Phase 2 of loading a key tile: K^T and V^T (issued once its rows have arrived)."""
+    n_k = kv["n"]
+    k_tv = [kv["k_t"][:, c, 0:n_k] for c in range(plan.d_chunks)]
+    v_tv = [kv["v_t"][:, c, 0:n_k] for c in range(plan.d_chunks)]
+    _transpose_rows(kv["k_src"], kv["k"][0:n_k, :], k_tv, n_k, plan, psum_dtype)
+    _transpose_rows(kv["v_src"], kv["v"][0:n_k, :], v_tv, n_k, plan, psum_dtype)
+
+
+def _load_kv_block(k, v, b, hk, jb, kv_tiles, n_kt, plan, psum_dtype, phases):
+    """Load the key tiles of block ``jb`` into ``kv_tiles``: ``phases`` 1 = rows (DMA),
+    2 = transposes, 3 = both."""
+    for j in range(jb * plan.kv_block, min((jb + 1) * plan.kv_block, n_kt)):
+        if phases != 2:
+            kv_tiles[j] = _load_kv_rows(k, v, b, hk, j, plan)
+        if phases != 1 and plan.transpose != "dma":
+            _transpose_kv(kv_tiles[j], plan, psum_dtype)
+
+
+def _store_scaled(dst, acc, n, scale, d):
+    """``dst [n, D]`` (HBM) = ``scale * acc`` rounded to dst's dtype; zeros when ``acc`` is None."""
+    staged = nl.ndarray((n, d), dtype=dst.dtype, buffer=nl.sbuf, name="grad_out")
     if acc is None:
         nisa.memset(dst=staged, value=0.0)
     else:
@@ -400,11 +552,43 @@ def _store_scaled(dst, acc, n, scale, dtype, d):
     nisa.dma_copy(dst=dst, src=staged)
 
 
+def _pass_pairs(p0, n_tiles, n_kt, plan):
+    """The tile pairs ``(t, j, q0, n_q, k0, n_k, seen)`` of one query pass that some query
+    sees, in the loop order: "kv_outer" walks key blocks, and within a block each query
+    tile against the block's key tiles; "q_outer" walks query tiles, each against every
+    key tile."""
+    tq, tk, kb = plan.tile_q, plan.tile_k, plan.kv_block
+    pairs = []
+    if plan.loop_order == "kv_outer":
+        triples = []
+        for jb in range(0, n_kt, kb):
+            for t in range(n_tiles):
+                for j in range(jb, min(jb + kb, n_kt)):
+                    triples.append((t, j))
+    else:
+        triples = []
+        for t in range(n_tiles):
+            for j in range(n_kt):
+                triples.append((t, j))
+    for tj in triples:
+        t, j = tj
+        q0, k0 = (p0 + t) * tq, j * tk
+        n_q, n_k = min(tq, plan.sq - q0), min(tk, plan.sk - k0)
+        seen = _visibility(q0, n_q, k0, n_k, plan)
+        if seen != "none":
+            pairs.append((t, j, q0, n_q, k0, n_k, seen))
+    return pairs
+
+
 @nki.jit
 def backward(dout, q, k, v, out, lse, scale, plan):
     """``(dq, dk, dv)`` for attention in BHSD layout (HBM): ``dout, q, out [B, H, Sq, D]``,
     ``k, v [B, Hkv, Sk, D]``, ``lse [B, H, Sq]`` fp32; ``scale`` is the softmax scale
     (a compile-time float) and ``plan`` the :class:`FlashAttentionBwdPlan` for these shapes.
+
+    The tile pairs of a pass run as a three-stage software pipeline in program order
+    (scores of pair n, dK/dV and dS^T of pair n - lag_kv, dQ of pair n - lag_q), so each engine's
+    in-order queue has independent work while the previous pair's results travel.
     """
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -430,133 +614,94 @@ def backward(dout, q, k, v, out, lse, scale, plan):
     for b in range(B):
         for hk in range(Hkv):
             # dK and dV of this KV head, summed over its query heads and query tiles (fp32).
-            dk_acc = nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dk_acc")
-            dv_acc = nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dv_acc")
-            kv_started = [False] * n_kt
-            kv_all = None
-            if not kv_outer:
-                kv_all = _load_kv(k, v, b, hk, 0, n_kt, plan, psum_dtype)
+            acc = {
+                "dk": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dk_acc"),
+                "dv": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dv_acc"),
+                "kv_started": [False] * n_kt,
+            }
+            kv_tiles = [None] * n_kt
+            if not kv_outer:  # every key tile of the head stays in SBUF
+                for j in range(n_kt):
+                    kv_tiles[j] = _load_kv_rows(k, v, b, hk, j, plan)
+                for j in range(n_kt):
+                    if plan.transpose != "dma":
+                        _transpose_kv(kv_tiles[j], plan, psum_dtype)
             for g in range(plan.groups):
                 h = hk * plan.groups + g
                 for p0 in range(0, n_qt, plan.q_block):
                     n_tiles = min(plan.q_block, n_qt - p0)
                     qs = _load_query_pass(dout, q, out, lse, b, h, p0, n_tiles, plan, psum_dtype)
-                    dq_acc = None
+                    pairs = _pass_pairs(p0, n_tiles, n_kt, plan)
+                    n_pairs = len(pairs)
+                    acc["q_started"] = [False] * n_tiles
                     if kv_outer:
-                        dq_acc = nl.ndarray(
+                        acc["dq"] = nl.ndarray(
                             (tq, n_tiles, D), dtype=nl.float32, buffer=nl.sbuf, name="dq_acc"
                         )
-                    q_started = [False] * n_tiles
-                    if kv_outer:
-                        for j in range(n_kt):
-                            k0 = j * tk
-                            n_k = min(tk, Sk - k0)
-                            pairs = []
-                            for t in range(n_tiles):
-                                q0 = (p0 + t) * tq
-                                n_q = min(tq, Sq - q0)
-                                seen = _visibility(q0, n_q, k0, n_k, plan)
-                                if seen != "none":
-                                    pairs.append((t, q0, n_q, seen))
-                            if len(pairs) == 0:
-                                continue
-                            kv = _load_kv(k, v, b, hk, j, 1, plan, psum_dtype)
-                            dk_ps = nl.ndarray((tk, D), dtype=nl.float32, buffer=nl.psum)
-                            dv_ps = nl.ndarray((tk, D), dtype=nl.float32, buffer=nl.psum)
-                            for n, pair in enumerate(pairs):
-                                t, q0, n_q, seen = pair
-                                p, ds, ds_t = _tile_pair(
-                                    qs, t, kv, 0, n_q, n_k, q0, k0, seen, scale, plan, psum_dtype
+                    # Where PSUM sums start and end: the key block of a pair (dK/dV under
+                    # kv_outer) and its run of consecutive pairs with one query tile (dQ).
+                    kb = plan.kv_block
+                    kv_group = [pr[1] // kb if kv_outer else n for n, pr in enumerate(pairs)]
+                    q_group = [
+                        (pr[0], kv_group[n]) if kv_outer else pr[0] for n, pr in enumerate(pairs)
+                    ]
+                    blocks = []  # key blocks in the order the pass first uses them
+                    for jb in kv_group if kv_outer else ():
+                        if len(blocks) == 0 or blocks[-1] != jb:
+                            blocks.append(jb)
+                    if kv_outer and len(blocks) > 0:
+                        _load_kv_block(k, v, b, hk, blocks[0], kv_tiles, n_kt, plan, psum_dtype, 3)
+                    states = [None] * n_pairs
+                    for step in range(n_pairs + plan.lag_q):
+                        n = step
+                        if n < n_pairs:
+                            pair = pairs[n]
+                            first = n == 0 or kv_group[n - 1] != kv_group[n]
+                            last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
+                            # prefetch the next key block: rows now, transposes at its end
+                            ahead = -1
+                            if kv_outer:
+                                at = blocks.index(kv_group[n])
+                                ahead = blocks[at + 1] if at + 1 < len(blocks) else -1
+                            if ahead >= 0 and first:
+                                _load_kv_block(
+                                    k, v, b, hk, ahead, kv_tiles, n_kt, plan, psum_dtype, 1
                                 )
-                                nisa.nc_matmul(
-                                    dst=dv_ps[0:n_k, :],
-                                    stationary=p[0:n_q, 0:n_k],
-                                    moving=qs["do"][0:n_q, t, :],
-                                    accumulate=n > 0,
+                            states[n] = _scores(qs, kv_tiles[pair[1]], pair, scale, plan)
+                            if ahead >= 0 and last:
+                                _load_kv_block(
+                                    k, v, b, hk, ahead, kv_tiles, n_kt, plan, psum_dtype, 2
                                 )
-                                nisa.nc_matmul(
-                                    dst=dk_ps[0:n_k, :],
-                                    stationary=ds[0:n_q, 0:n_k],
-                                    moving=qs["q"][0:n_q, t, :],
-                                    accumulate=n > 0,
-                                )
-                                dq_ps = nl.ndarray((tq, D), dtype=nl.float32, buffer=nl.psum)
-                                nisa.nc_matmul(
-                                    dst=dq_ps[0:n_q, :],
-                                    stationary=ds_t[0:n_k, 0:n_q],
-                                    moving=kv["k"][0:n_k, 0, :],
-                                    accumulate=False,
-                                )
-                                _fold(dq_acc[0:n_q, t, :], dq_ps[0:n_q, :], not q_started[t])
-                                q_started[t] = True
-                            _fold(dk_acc[0:n_k, j, :], dk_ps[0:n_k, :], not kv_started[j])
-                            _fold(dv_acc[0:n_k, j, :], dv_ps[0:n_k, :], not kv_started[j])
-                            kv_started[j] = True
+                        n = step - plan.lag_kv
+                        if 0 <= n < n_pairs:
+                            first = n == 0 or kv_group[n - 1] != kv_group[n]
+                            last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
+                            _kv_grads(states[n], qs, pairs[n], first, last, acc, plan, psum_dtype)
+                        n = step - plan.lag_q
+                        if 0 <= n < n_pairs:
+                            first = n == 0 or q_group[n - 1] != q_group[n]
+                            last = n == n_pairs - 1 or q_group[n + 1] != q_group[n]
+                            kv = kv_tiles[pairs[n][1]]
+                            _q_grads(
+                                states[n], kv, pairs[n], first, last, acc, dq[b, h], scale, plan
+                            )
+                            states[n] = None
                     for t in range(n_tiles):
                         q0 = (p0 + t) * tq
                         n_q = min(tq, Sq - q0)
-                        dq_ps = None
-                        if not kv_outer:
-                            dq_ps = nl.ndarray((tq, D), dtype=nl.float32, buffer=nl.psum)
-                            n = 0
-                            for j in range(n_kt):
-                                k0 = j * tk
-                                n_k = min(tk, Sk - k0)
-                                seen = _visibility(q0, n_q, k0, n_k, plan)
-                                if seen == "none":
-                                    continue
-                                p, ds, ds_t = _tile_pair(
-                                    qs,
-                                    t,
-                                    kv_all,
-                                    j,
-                                    n_q,
-                                    n_k,
-                                    q0,
-                                    k0,
-                                    seen,
-                                    scale,
-                                    plan,
-                                    psum_dtype,
-                                )
-                                nisa.nc_matmul(
-                                    dst=dq_ps[0:n_q, :],
-                                    stationary=ds_t[0:n_k, 0:n_q],
-                                    moving=kv_all["k"][0:n_k, j, :],
-                                    accumulate=n > 0,
-                                )
-                                n += 1
-                                dv_ps = nl.ndarray((tk, D), dtype=nl.float32, buffer=nl.psum)
-                                nisa.nc_matmul(
-                                    dst=dv_ps[0:n_k, :],
-                                    stationary=p[0:n_q, 0:n_k],
-                                    moving=qs["do"][0:n_q, t, :],
-                                    accumulate=False,
-                                )
-                                _fold(dv_acc[0:n_k, j, :], dv_ps[0:n_k, :], not kv_started[j])
-                                dk_ps = nl.ndarray((tk, D), dtype=nl.float32, buffer=nl.psum)
-                                nisa.nc_matmul(
-                                    dst=dk_ps[0:n_k, :],
-                                    stationary=ds[0:n_q, 0:n_k],
-                                    moving=qs["q"][0:n_q, t, :],
-                                    accumulate=False,
-                                )
-                                _fold(dk_acc[0:n_k, j, :], dk_ps[0:n_k, :], not kv_started[j])
-                                kv_started[j] = True
-                            q_started[t] = n > 0
-                        if q_started[t]:
-                            src = dq_acc[0:n_q, t, :] if kv_outer else dq_ps[0:n_q, :]
-                        else:
-                            src = None
-                        _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, dq.dtype, D)
+                        if not acc["q_started"][t]:
+                            _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
+                        elif kv_outer:
+                            src = acc["dq"][0:n_q, t, :]
+                            _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, D)
             for j in range(n_kt):
                 k0 = j * tk
                 n_k = min(tk, Sk - k0)
-                started = kv_started[j]
-                dk_src = dk_acc[0:n_k, j, :] if started else None
-                dv_src = dv_acc[0:n_k, j, :] if started else None
-                _store_scaled(dk[b, hk, k0 : k0 + n_k, :], dk_src, n_k, scale, dk.dtype, D)
-                _store_scaled(dv[b, hk, k0 : k0 + n_k, :], dv_src, n_k, 1.0, dv.dtype, D)
+                started = acc["kv_started"][j]
+                dk_src = acc["dk"][0:n_k, j, :] if started else None
+                dv_src = acc["dv"][0:n_k, j, :] if started else None
+                _store_scaled(dk[b, hk, k0 : k0 + n_k, :], dk_src, n_k, scale, D)
+                _store_scaled(dv[b, hk, k0 : k0 + n_k, :], dv_src, n_k, 1.0, D)
     return dq, dk, dv
 
 
