@@ -86,9 +86,18 @@ ENGINE_CHOICES = ("vector", "vector_scalar", "spread")
     NEG_STEP,  # -lr / (1 - beta1^step) (0 on a skipped step)
     WDF,  # 1 - lr * weight_decay (1 on a skipped step)
     ZERO,  # an explicit zero bias for ScalarE (nki-library passes one: runtime issue without)
-) = range(12)
-N_COEFFICIENTS = 12
+    SEED,  # int32 bits: this tensor's stochastic-rounding key for this step
+) = range(13)
+N_COEFFICIENTS = 13
 SQRT_FLOOR = 2.0**-84
+
+# Stochastic rounding of bf16 params: 16 random bits per element from a counter-based hash
+# of (element index, per-tensor per-step key) made of int32 multiplies (GpSimdE's exact
+# wrapping integer arithmetic), xors and logical shifts, so the interpreter, the hardware
+# and the torch reference (``rounding_bits``) draw the same bits; no RNG instruction.
+HASH_M1 = 0x7FEB352D  # odd 32-bit multipliers (< 2^31: iota writes them as int32)
+HASH_M2 = 0x5BD1E995
+KEY_SEED, KEY_STEP, KEY_TENSOR = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D
 
 
 @dataclass(frozen=True)
@@ -150,6 +159,8 @@ class AdamwPlan(nl.NKIObject):
     waves: tuple  # ((tensor, offset, rows, cols), ...) per wave
     amsgrad: bool
     masked: bool  # found_inf given: the gradient's bits are masked
+    rounding: bool  # stochastic rounding of the bf16 param (else round to nearest even)
+    rounding_cols: int  # free size of the hash multiplier tiles
     engines: str
     hwdge: bool  # DMAs on the hardware DGE (NeuronCore-v3+), triggered from SyncE/ScalarE
     n_coefficients: int
@@ -182,6 +193,14 @@ def _chunk_bytes(cols: int, dtype: str, grad_dtype: str, amsgrad: bool) -> int:
     return cols * (ITEMSIZE[dtype] + ITEMSIZE[grad_dtype] + 4 * fp32_tiles)
 
 
+def _rounding_allowed(dtype: str, rounding: bool) -> None:
+    if rounding and dtype != "bfloat16":
+        raise LimitError(
+            OP, "stochastic_rounding_seed", "must be None for float32 params (nothing to round)",
+            dtype,
+        )  # fmt: skip
+
+
 def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target) -> AdamwPlan:
     """The tile plan of ``config`` for one launch.
 
@@ -199,6 +218,8 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target) -> Adam
     cols = min(config.tile_free, max(1, max(sizes) // pmax))
     grad_dtype = problem.get("grad_dtype", dtype)
     chunk = _chunk_bytes(cols, dtype, grad_dtype, amsgrad)
+    rounding = bool(problem.get("rounding", False))
+    _rounding_allowed(dtype, rounding)
     in_flight = min(k, len(work)) + (len(work) > k)
     return AdamwPlan(
         partitions=pmax,
@@ -207,10 +228,12 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target) -> Adam
         waves=waves,
         amsgrad=amsgrad,
         masked=bool(problem.get("masked", True)),
+        rounding=rounding,
+        rounding_cols=cols if rounding else 0,
         engines=config.engines,
         hwdge=target.has_hwdge,
         n_coefficients=N_COEFFICIENTS,
-        sbuf_bytes=in_flight * chunk + len(sizes) * N_COEFFICIENTS * 4,
+        sbuf_bytes=in_flight * chunk + len(sizes) * N_COEFFICIENTS * 4 + 8 * cols * rounding,
         psum_banks=0,
     )
 
@@ -257,7 +280,8 @@ def _open_chunk(hbm, coef, tensor, offset, rows, cols, plan):
     """Allocate one chunk's tiles and load p, g, m, v (, vmax): a dict of its tiles."""
     fp32 = nl.float32
     base = tensor * plan.n_coefficients
-    t = {"rows": rows, "cols": cols, "coef": coef[0:rows, base : base + plan.n_coefficients]}
+    t = {"rows": rows, "cols": cols, "offset": offset}
+    t["coef"] = coef[0:rows, base : base + plan.n_coefficients]
     t["hbm"] = {}
     for name in ("g", "m", "v", "p", "vmax"):
         if name == "vmax" and not plan.amsgrad:
@@ -347,14 +371,40 @@ def _step_denominator(t, plan):
 
 
 def _step_update(t, plan):
-    """a = m * r (a's gradient term is dead); p = a * (-lr / bc1) + pw."""
+    """a = m * r (a's gradient term is dead); p = a * (-lr / bc1) + pw (into the fp32 pw
+    first when it is to be rounded stochastically)."""
     nisa.tensor_tensor(
         dst=t["a"], data1=t["m"], data2=t["b"], op=nl.multiply, engine=_two_tile_engine(plan)
     )
     nisa.scalar_tensor_tensor(
-        dst=t["p"], data=t["a"], op0=nl.multiply, operand0=_col(t, NEG_STEP), op1=nl.add,
-        operand1=t["pw"],
+        dst=t["pw"] if plan.rounding else t["p"], data=t["a"], op0=nl.multiply,
+        operand0=_col(t, NEG_STEP), op1=nl.add, operand1=t["pw"],
     )  # fmt: skip
+
+
+def _step_round(t, hash_m1, hash_m2, plan):
+    """Stochastic rounding to bf16: add 16 hashed bits below the bf16 mantissa of the fp32
+    result and truncate (rounds up with probability = the dropped fraction). GpSimdE does
+    the iota and the exact int32 multiplies/adds, VectorE the xors, shifts and masks."""
+    if not plan.rounding:
+        return
+    rows, cols = t["rows"], t["cols"]
+    x, y = t["a"].view(nl.int32), t["b"].view(nl.int32)  # both dead after the update
+    bits = t["pw"].view(nl.int32)
+    m1, m2 = hash_m1[0:rows, 0:cols], hash_m2[0:rows, 0:cols]
+    i32, gpsimd = nl.int32, nisa.engine.gpsimd
+    # x = element index in the tensor: offset + partition * cols + column
+    nisa.iota(dst=x, pattern=[[1, cols]], offset=t["offset"], channel_multiplier=cols)
+    nisa.tensor_scalar(dst=x, data=x, op0=nl.bitwise_xor, operand0=_col(t, SEED).view(i32))
+    nisa.tensor_tensor(dst=x, data1=x, data2=m1, op=nl.multiply, engine=gpsimd)
+    nisa.tensor_scalar(dst=y, data=x, op0=nl.right_shift, operand0=15)
+    nisa.tensor_tensor(dst=x, data1=x, data2=y, op=nl.bitwise_xor, engine=gpsimd)
+    nisa.tensor_tensor(dst=x, data1=x, data2=m2, op=nl.multiply, engine=gpsimd)
+    nisa.tensor_scalar(dst=x, data=x, op0=nl.right_shift, operand0=16)
+    nisa.tensor_tensor(dst=bits, data1=bits, data2=x, op=nl.add, engine=gpsimd)
+    nisa.tensor_scalar(dst=bits, data=bits, op0=nl.bitwise_and, operand0=-65536)
+    # now exactly a bf16 value: the conversion is exact
+    nisa.activation(dst=t["p"], op=nl.copy, data=t["pw"], scale=1.0, bias=_col(t, ZERO))
 
 
 def _close_chunk(t, plan):
@@ -370,7 +420,7 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficie
 
     ``params`` fp32/bf16, ``grads`` the params' dtype (or lower with fp32 params),
     ``exp_avgs``/``exp_avg_sqs``/``max_exp_avg_sqs`` fp32 (the last empty without
-    amsgrad); ``coefficients`` ``[1, n * 12]`` fp32, tensor ``i``'s columns at ``i * 12``
+    amsgrad); ``coefficients`` ``[1, n * 13]`` fp32, tensor ``i``'s columns at ``i * 13``
     (see the column list at the top of the module). Returns nothing: every update is in place.
     The chunks of a wave go through each step of the chain together (see ``in_flight``).
     """
@@ -380,6 +430,13 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficie
     coef = nl.ndarray((P, n * plan.n_coefficients), dtype=nl.float32, buffer=nl.sbuf, name="coef")
     _load(coef, coefficients.broadcast(0, P), plan)  # one row to every partition
     hbm = {"p": params, "g": grads, "m": exp_avgs, "v": exp_avg_sqs, "vmax": max_exp_avg_sqs}
+    hash_m1 = hash_m2 = None
+    if plan.rounding:  # the hash's multipliers as int32 tiles (GpSimdE multiplies tiles)
+        shape = (P, plan.rounding_cols)
+        hash_m1 = nl.ndarray(shape, dtype=nl.int32, buffer=nl.sbuf, name="hash_m1")
+        hash_m2 = nl.ndarray(shape, dtype=nl.int32, buffer=nl.sbuf, name="hash_m2")
+        nisa.iota(dst=hash_m1, pattern=[[0, plan.rounding_cols]], offset=HASH_M1)
+        nisa.iota(dst=hash_m2, pattern=[[0, plan.rounding_cols]], offset=HASH_M2)
     for wave in plan.waves:
         tiles = []
         for tensor, offset, rows, cols in wave:
@@ -397,16 +454,45 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficie
         for t in tiles:
             _step_update(t, plan)
         for t in tiles:
+            _step_round(t, hash_m1, hash_m2, plan)
+        for t in tiles:
             _close_chunk(t, plan)
 
 
 # -- op-level glue: coefficients, limits, reference -----------------------------------------
 
 
+def rounding_keys(seed: int, state_steps, device) -> torch.Tensor:
+    """Per-tensor int64 keys in [0, 2^31) for this step: a hash of (seed, step, position)."""
+    step = torch.stack([s.reshape(()).to(device) for s in state_steps]).to(torch.int64)
+    position = torch.arange(step.numel(), dtype=torch.int64, device=device)
+    key = ((seed * KEY_SEED) & 0xFFFFFFFF) + step * KEY_STEP + position * KEY_TENSOR
+    key = key & 0xFFFFFFFF
+    return (key ^ (key >> 16)) & 0x7FFFFFFF
+
+
+def rounding_bits(numel: int, key: int | torch.Tensor, device=None) -> torch.Tensor:
+    """The kernel's 16 random bits per element (int64 in [0, 2^16)), computed in torch."""
+    x = torch.arange(numel, dtype=torch.int64, device=device) ^ key
+    x = (x * HASH_M1) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = (x * HASH_M2) & 0xFFFFFFFF
+    return x >> 16
+
+
+def round_stochastically(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """fp32 ``x`` to bf16 by adding ``bits`` below the bf16 mantissa and truncating."""
+    raw = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64).reshape(-1)
+    raw = ((raw + bits) & 0xFFFF0000) & 0xFFFFFFFF
+    raw = torch.where(raw >= 2**31, raw - 2**32, raw).to(torch.int32)
+    return raw.view(torch.float32).reshape(x.shape).to(torch.bfloat16)
+
+
 def coefficients(
-    state_steps, lr, beta1, beta2, weight_decay, eps, maximize, grad_scale, found_inf, device
-) -> torch.Tensor:
-    """The ``[1, n * 12]`` fp32 coefficient table, computed on ``device`` without a host sync
+    state_steps, lr, beta1, beta2, weight_decay, eps, maximize, grad_scale, found_inf, device,
+    rounding_keys=None,
+) -> torch.Tensor:  # fmt: skip
+    """The ``[1, n * 13]`` fp32 coefficient table, computed on ``device`` without a host sync
     (fp64 arithmetic where the device has it, then rounded once to fp32)."""
     wide = torch.float64 if device.type == "cpu" else torch.float32
     step = torch.stack([s.reshape(()).to(device=device, dtype=wide) for s in state_steps])
@@ -440,9 +526,12 @@ def coefficients(
         torch.as_tensor(1.0 - lr * weight_decay, dtype=wide, device=device), 1.0
     )
     cols[ZERO] = full * 0
+    cols[SEED] = full * 0  # int32 bits below
     table = torch.stack(cols, dim=1).to(torch.float32).contiguous()
     mask = torch.where(keep, -1, 0).to(device=device, dtype=torch.int32)
     table.view(torch.int32)[:, MASK] = mask
+    if rounding_keys is not None:
+        table.view(torch.int32)[:, SEED] = rounding_keys.to(device=device, dtype=torch.int32)
     return table.reshape(1, n * N_COEFFICIENTS)
 
 
@@ -476,9 +565,13 @@ def _one_element(arg: str, t, device) -> None:
 def validate(
     params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
     weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None,
+    stochastic_rounding_seed=None,
 ) -> None:  # fmt: skip
     """Refuse bad input before any tensor is touched: list lengths, shapes, dtypes,
     devices, layouts, hyperparameter ranges."""
+    seed = stochastic_rounding_seed
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise LimitError(OP, "stochastic_rounding_seed", "must be None or an int >= 0", seed)
     lists = {
         "params": _tensor_list("params", params),
         "grads": _tensor_list("grads", grads),
@@ -510,6 +603,7 @@ def validate(
     p_dtype = dtype_name(lists["params"][0])
     if p_dtype not in PARAM_DTYPES:
         raise LimitError(OP, "params[0] dtype", f"must be one of {PARAM_DTYPES}", p_dtype)
+    _rounding_allowed(p_dtype, seed is not None)
     for i, p in enumerate(lists["params"]):
         if dtype_name(p) != p_dtype:
             raise LimitError(
@@ -564,19 +658,28 @@ def problem(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, 
         "tensors": len(params),
         "numel": max((p.numel() for p in params), default=0),
         "amsgrad": amsgrad,
+        "rounding": len(rest) > 9 and rest[9] is not None,
     }
 
 
 def reference(
     params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
-    weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None, upcast=True,
+    weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None,
+    stochastic_rounding_seed=None, upcast=True,
 ) -> None:  # fmt: skip
     """The same step in plain torch, in place: fp64 arithmetic when ``upcast``, else fp32,
     rounded once into each tensor's dtype. With ``found_inf`` set nothing changes (a
     select, so the bits are kept exactly; the kernel keeps them too, except that a -0.0
-    param or state value can come back as +0.0, since it adds a zero update)."""
+    param or state value can come back as +0.0, since it adds a zero update).
+
+    With ``stochastic_rounding_seed`` the bf16 params are rounded from the fp32 result
+    with the kernel's hashed bits (:func:`rounding_bits`): the same bits on every backend.
+    """
     wide = torch.float64 if upcast else torch.float32
     skip = None if found_inf is None else (found_inf.reshape(()) != 0)
+    keys = None
+    if stochastic_rounding_seed is not None and params:
+        keys = rounding_keys(stochastic_rounding_seed, state_steps, params[0].device)
     for i, p in enumerate(params):
         g = grads[i].to(wide)
         if grad_scale is not None:
@@ -594,6 +697,9 @@ def reference(
             v_used = vmax
         denom = torch.sqrt(v_used / bc2) + eps
         new_p = p.to(wide) * (1.0 - lr * weight_decay) - (lr / bc1) * m / denom
+        if keys is not None:
+            bits = rounding_bits(p.numel(), keys[i], p.device)
+            new_p = round_stochastically(new_p.to(torch.float32), bits).to(wide)
         updates = [(p, new_p), (exp_avgs[i], m), (exp_avg_sqs[i], v)]
         if amsgrad:
             updates.append((max_exp_avg_sqs[i], vmax))
@@ -622,6 +728,7 @@ def run_kernels(
     maximize: bool,
     grad_scale: torch.Tensor | None = None,
     found_inf: torch.Tensor | None = None,
+    stochastic_rounding_seed: int | None = None,
     *,
     config: AdamwConfig,
     runner,
@@ -632,9 +739,12 @@ def run_kernels(
     if not live:
         return None
     device = params[live[0]].device
+    keys = None
+    if stochastic_rounding_seed is not None:  # keyed by position in the op's lists
+        keys = rounding_keys(stochastic_rounding_seed, state_steps, device)[live]
     table = coefficients(
         [state_steps[i] for i in live], lr, beta1, beta2, weight_decay, eps, maximize,
-        grad_scale, found_inf, device,
+        grad_scale, found_inf, device, keys,
     ).reshape(len(live), N_COEFFICIENTS)  # fmt: skip
     dtype = dtype_name(params[live[0]])
     per_launch = config.tensors_per_launch
@@ -649,6 +759,7 @@ def run_kernels(
             "amsgrad": amsgrad,
             "sizes": sizes,
             "masked": found_inf is not None,
+            "rounding": stochastic_rounding_seed is not None,
             "grad_dtype": dtype_name(grads[ids[0]]),
         }
         tiles = SPEC.check(launch, dtype, config, runner.target)
@@ -704,6 +815,7 @@ def _bad_inputs():
             state_steps=[torch.tensor(1.0), torch.tensor(1.0)],
             lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8,
             amsgrad=False, maximize=False, grad_scale=None, found_inf=None,
+            stochastic_rounding_seed=None,
         )  # fmt: skip
         base.update(change)
         return tuple(base.values())
@@ -728,6 +840,8 @@ def _bad_inputs():
         (args(beta2=-0.1), "beta2"),
         (args(weight_decay=float("nan")), "weight_decay"),
         (args(grad_scale=z(2)), "grad_scale"),
+        (args(stochastic_rounding_seed=-1), "stochastic_rounding_seed"),
+        (args(stochastic_rounding_seed=7), "stochastic_rounding_seed"),  # fp32: nothing to round
     ]
 
 

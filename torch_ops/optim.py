@@ -57,7 +57,9 @@ class FusedAdamW(torch.optim.Optimizer):
 
     Args: as ``torch.optim.AdamW`` (``foreach``, ``capturable`` and ``fused`` are accepted
     and recorded for ``state_dict`` compatibility; the step is always fused), plus
-    ``master_weights``: keep fp32 master copies of low-precision params in the state.
+    ``master_weights``: keep fp32 master copies of low-precision params in the state;
+    ``stochastic_rounding_seed``: round bf16 params (without master copies) stochastically,
+    reproducibly for the seed (the bits hash the seed, the step and the element index).
 
     Raises:
         ValueError: a learning rate, eps or weight decay below 0, betas outside [0, 1),
@@ -83,6 +85,7 @@ class FusedAdamW(torch.optim.Optimizer):
         differentiable: bool = False,
         fused: bool | None = None,
         master_weights: bool = False,
+        stochastic_rounding_seed: int | None = None,
     ) -> None:
         _check_hyperparameters(lr, betas, eps, weight_decay)
         if differentiable:
@@ -100,6 +103,7 @@ class FusedAdamW(torch.optim.Optimizer):
             fused=fused,
             decoupled_weight_decay=True,
             master_weights=master_weights,
+            stochastic_rounding_seed=stochastic_rounding_seed,
         )
         super().__init__(params, defaults)
 
@@ -115,6 +119,7 @@ class FusedAdamW(torch.optim.Optimizer):
             group.setdefault("fused", None)
             group.setdefault("decoupled_weight_decay", True)
             group.setdefault("master_weights", False)
+            group.setdefault("stochastic_rounding_seed", None)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -209,6 +214,11 @@ class FusedAdamW(torch.optim.Optimizer):
                 maximize=bool(group["maximize"]),
                 grad_scale=None if grad_scale is None else grad_scale.to(device),
                 found_inf=None if found_inf is None else found_inf.to(device),
+                stochastic_rounding_seed=(
+                    group["stochastic_rounding_seed"]
+                    if b["targets"][0].dtype == torch.bfloat16
+                    else None
+                ),
             )
             lists = (
                 b["targets"], b["grads"], b["exp_avgs"], b["exp_avg_sqs"],

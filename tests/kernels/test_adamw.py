@@ -228,3 +228,62 @@ def test_empty_lists_and_empty_tensors_are_no_ops():
         before = _copies(args)
         torch.ops.neuron.fused_adamw_(*args)
     assert args[0][0].numel() == 0 and not torch.equal(args[0][1], before[0][1])
+
+
+# -- stochastic rounding of bf16 params -----------------------------------------------------
+
+
+def _bf16_inputs(n, seed, zero_update=False, lr=1e-3, wd=0.01):
+    g = torch.Generator().manual_seed(1)
+    params = [torch.randn(n, generator=g).to(torch.bfloat16), torch.randn(7, generator=g).to(torch.bfloat16)]  # fmt: skip
+    like = [torch.zeros(p.shape) for p in params]
+    grads = [torch.zeros_like(p) if zero_update else torch.randn(p.shape, generator=g).to(p.dtype) for p in params]  # fmt: skip
+    m = like if zero_update else [torch.randn(p.shape, generator=g) * 0.1 for p in params]
+    v = [x.clone() for x in like] if zero_update else [torch.rand(p.shape, generator=g) * 0.01 for p in params]  # fmt: skip
+    steps = [torch.tensor(3.0), torch.tensor(3.0)]
+    return (params, grads, m, v, [], steps, lr, 0.9, 0.999, wd, 1e-8, False, False, None, None, seed)  # fmt: skip
+
+
+def _bits(t):
+    return t.view(torch.int16)
+
+
+def test_stochastic_rounding_is_reproducible_for_a_seed():
+    a, b, c = _bf16_inputs(70000, 5), _bf16_inputs(70000, 5), _bf16_inputs(70000, 6)
+    for args in (a, b, c):
+        run_kernel(SPEC, args, SPEC.config.default())
+    assert torch.equal(_bits(a[0][0]), _bits(b[0][0])) and torch.equal(
+        _bits(a[0][1]), _bits(b[0][1])
+    )
+    assert not torch.equal(a[0][0], c[0][0])  # another seed, other bits
+
+
+def test_stochastic_rounding_draws_the_same_bits_as_the_torch_reference():
+    """With a decay-only update the fp32 value before rounding is one multiply in both, so
+    the kernel's bf16 bits must equal the reference's exactly: the hash is backend-free."""
+    kernel, ref = (
+        _bf16_inputs(70000, 11, zero_update=True),
+        _bf16_inputs(70000, 11, zero_update=True),
+    )
+    run_kernel(SPEC, kernel, SPEC.config.default())
+    SPEC.reference(*ref, upcast=False)
+    for got, want in zip(kernel[0], ref[0]):
+        assert torch.equal(_bits(got), _bits(want))
+
+
+def test_stochastic_rounding_is_unbiased():
+    """p = 1.0 decayed by 1e-3: the fp32 value 0.999 lies 74% of a bf16 ulp above 0.99609.
+    Round-to-nearest gives 1.0 everywhere (bias 1e-3); the mean of 2^17 stochastic roundings
+    must be within 5 standard deviations (ulp * sqrt(q (1 - q) / N)) of 0.999."""
+    n = 2**17
+    args = list(_bf16_inputs(n, 3, zero_update=True, lr=1e-3, wd=1.0))
+    args[0] = [torch.ones(n, dtype=torch.bfloat16), torch.ones(7, dtype=torch.bfloat16)]
+    run_kernel(SPEC, tuple(args), SPEC.config.default())
+    exact = torch.tensor(1.0, dtype=torch.float32) * torch.tensor(1 - 1e-3, dtype=torch.float32)
+    lo, ulp = 255 / 256, 2.0**-8
+    q = (exact.item() - lo) / ulp
+    bound = 5 * ulp * (q * (1 - q) / n) ** 0.5
+    mean = args[0][0].double().mean().item()
+    assert set(args[0][0].unique().tolist()) == {lo, 1.0}
+    assert abs(mean - exact.item()) <= bound, (mean, exact.item(), bound)
+    assert abs(1.0 - exact.item()) > 20 * bound  # the bound does tell rounding modes apart

@@ -244,3 +244,24 @@ def test_a_bad_group_leaves_every_tensor_untouched():
     for p, b in zip(model.parameters(), before):
         assert torch.equal(p, b)
     assert {opt.state[p]["step"].item() for p in model.parameters()} == {1.0}
+
+
+def test_stochastic_rounding_of_bf16_params_is_reproducible():
+    """bf16 params without master copies, rounded stochastically by the kernel: the same
+    seed gives the same bits, another seed other bits; fp32 params ignore the seed (the op
+    itself refuses one for fp32 params: see the contract's bad inputs)."""
+
+    def run(seed):
+        model = _model().to(torch.bfloat16)
+        opt = FusedAdamW(model.parameters(), lr=1e-2, stochastic_rounding_seed=seed)
+        with cpu_mode("interpret"):
+            _train(model, opt, 4)
+        return [p.detach().clone() for p in model.parameters()]
+
+    first, again, other = run(1), run(1), run(2)
+    assert all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(first, again))
+    assert any(not torch.equal(a, b) for a, b in zip(first, other))
+    plain, seeded = _model(), _model()  # fp32 params: nothing to round, the seed is unused
+    _train(plain, FusedAdamW(plain.parameters()), 2)
+    _train(seeded, FusedAdamW(seeded.parameters(), stochastic_rounding_seed=1), 2)
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), seeded.parameters()))
