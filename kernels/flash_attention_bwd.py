@@ -201,7 +201,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     q_side = 2 * n_qt * d * item  # Q and dO rows
     q_side += 2 * d_chunks * rows * item  # Q^T and dO^T
     q_side += 2 * n_qt * 4  # -lse and -D columns
-    q_side += d * item + d * 4  # one O tile and its product with dO (for D)
+    q_side += n_qt * d * item  # O rows (for D)
     key_tile = 2 * d * item + 2 * d_chunks * tk * item  # K and V rows, K^T and V^T
     if config.loop_order == "kv_outer":
         q_side += n_qt * d * 4  # dQ accumulators
@@ -209,6 +209,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     else:
         kv_side = n_kt * key_tile  # every key tile of the head
     group = 2 * n_kt * d * 4  # dK and dV fp32 accumulators over the query heads
+    q_side = 2 * q_side + d * 4  # this pass and the next (prefetch); one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
     staging = d * item  # one output tile in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
@@ -450,45 +451,60 @@ def _q_grads(st, kv, pair, first, last, acc, dq_dst, scale, plan):
     acc["q_started"][t] = True
 
 
-def _load_query_pass(dout, q, out, lse, b, h, p0, n_tiles, plan, psum_dtype):
-    """SBUF tiles of one pass over query tiles ``p0 .. p0 + n_tiles``: Q and dO rows and
-    transposes, ``-lse`` and ``-D = -rowsum(dO * O)`` columns; tiles no key can reach are
-    left unloaded (their dQ is zero)."""
+def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
+    """Phase 1 of a query pass ``(h, p0, n_tiles)``: allocate its SBUF tiles and start every
+    DMA (Q, dO and O rows, lse) of the tiles some key reaches; their dQ is zero otherwise."""
+    h, p0, n_tiles = one_pass
     tq, d = plan.tile_q, plan.d
     rows = n_tiles * tq
     dtype = q.dtype
     qs = {
         "q": nl.ndarray((tq, n_tiles, d), dtype=dtype, buffer=nl.sbuf, name="q_rows"),
         "do": nl.ndarray((tq, n_tiles, d), dtype=dtype, buffer=nl.sbuf, name="do_rows"),
+        "o": nl.ndarray((tq, n_tiles, d), dtype=out.dtype, buffer=nl.sbuf, name="o_rows"),
         "q_t": nl.ndarray((plan.d_tile, plan.d_chunks, rows), dtype=dtype, buffer=nl.sbuf),
         "do_t": nl.ndarray((plan.d_tile, plan.d_chunks, rows), dtype=dtype, buffer=nl.sbuf),
         "neg_lse": nl.ndarray((tq, n_tiles), dtype=nl.float32, buffer=nl.sbuf, name="neg_lse"),
         "neg_dvec": nl.ndarray((tq, n_tiles), dtype=nl.float32, buffer=nl.sbuf, name="neg_d"),
+        "live": [],
+        "q_src": [],
+        "do_src": [],
     }
     for t in range(n_tiles):
         q0 = (p0 + t) * tq
         n_q = min(tq, plan.sq - q0)
         if _visibility(q0, n_q, 0, plan.sk, plan) == "none":
             continue
+        qs["live"].append((t, n_q))
+        qs["q_src"].append(q[b, h, q0 : q0 + n_q, :])
+        qs["do_src"].append(dout[b, h, q0 : q0 + n_q, :])
+        _load_rows(q[b, h, q0 : q0 + n_q, :], qs["q"][0:n_q, t, :], plan)
+        _load_rows(dout[b, h, q0 : q0 + n_q, :], qs["do"][0:n_q, t, :], plan)
+        _load_rows(out[b, h, q0 : q0 + n_q, :], qs["o"][0:n_q, t, :], plan)
+        nisa.dma_copy(dst=qs["neg_lse"][0:n_q, t : t + 1], src=lse[b, h, q0 : q0 + n_q])
+    return qs
+
+
+def _query_pass_prepare(qs, plan, psum_dtype):
+    """Phase 2 of a query pass, once its rows have arrived: Q^T and dO^T, ``-lse`` and
+    ``-D = -rowsum(dO * O)`` columns."""
+    tq, d = plan.tile_q, plan.d
+    for a in range(len(qs["live"])):
+        t, n_q = qs["live"][a]
         q_tv = [qs["q_t"][:, c, t * tq : t * tq + n_q] for c in range(plan.d_chunks)]
         do_tv = [qs["do_t"][:, c, t * tq : t * tq + n_q] for c in range(plan.d_chunks)]
         q_rows, do_rows = qs["q"][0:n_q, t, :], qs["do"][0:n_q, t, :]
-        _load_rows(q[b, h, q0 : q0 + n_q, :], q_rows, plan)
-        _load_rows(dout[b, h, q0 : q0 + n_q, :], do_rows, plan)
-        _transpose_rows(q[b, h, q0 : q0 + n_q, :], q_rows, q_tv, n_q, plan, psum_dtype)
-        _transpose_rows(dout[b, h, q0 : q0 + n_q, :], do_rows, do_tv, n_q, plan, psum_dtype)
-        nisa.dma_copy(dst=qs["neg_lse"][0:n_q, t : t + 1], src=lse[b, h, q0 : q0 + n_q])
+        _transpose_rows(qs["q_src"][a], q_rows, q_tv, n_q, plan, psum_dtype)
+        _transpose_rows(qs["do_src"][a], do_rows, do_tv, n_q, plan, psum_dtype)
         nisa.tensor_scalar(
             dst=qs["neg_lse"][0:n_q, t : t + 1],
             data=qs["neg_lse"][0:n_q, t : t + 1],
             op0=nl.multiply,
             operand0=-1.0,
         )
-        o_rows = nl.ndarray((tq, d), dtype=out.dtype, buffer=nl.sbuf, name="o_rows")
-        nisa.dma_copy(dst=o_rows[0:n_q, :], src=out[b, h, q0 : q0 + n_q, :])
         prod = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.sbuf, name="do_o")
         nisa.tensor_tensor(
-            dst=prod[0:n_q, :], data1=do_rows, data2=o_rows[0:n_q, :], op=nl.multiply
+            dst=prod[0:n_q, :], data1=do_rows, data2=qs["o"][0:n_q, t, :], op=nl.multiply
         )
         nisa.tensor_reduce(
             dst=qs["neg_dvec"][0:n_q, t : t + 1],
@@ -497,7 +513,6 @@ def _load_query_pass(dout, q, out, lse, b, h, p0, n_tiles, plan, psum_dtype):
             axis=1,
             negate=True,
         )
-    return qs
 
 
 def _load_kv_rows(k, v, b, hk, j, plan):
@@ -619,81 +634,110 @@ def backward(dout, q, k, v, out, lse, scale, plan):
                 "dv": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dv_acc"),
                 "kv_started": [False] * n_kt,
             }
-            kv_tiles = [None] * n_kt
+            kv_all = None
             if not kv_outer:  # every key tile of the head stays in SBUF
+                kv_all = [None] * n_kt
                 for j in range(n_kt):
-                    kv_tiles[j] = _load_kv_rows(k, v, b, hk, j, plan)
+                    kv_all[j] = _load_kv_rows(k, v, b, hk, j, plan)
                 for j in range(n_kt):
                     if plan.transpose != "dma":
-                        _transpose_kv(kv_tiles[j], plan, psum_dtype)
+                        _transpose_kv(kv_all[j], plan, psum_dtype)
+            # The query passes of this KV head: each query head's tiles, q_block at a time.
+            passes = []
             for g in range(plan.groups):
-                h = hk * plan.groups + g
                 for p0 in range(0, n_qt, plan.q_block):
-                    n_tiles = min(plan.q_block, n_qt - p0)
-                    qs = _load_query_pass(dout, q, out, lse, b, h, p0, n_tiles, plan, psum_dtype)
-                    pairs = _pass_pairs(p0, n_tiles, n_kt, plan)
-                    n_pairs = len(pairs)
-                    acc["q_started"] = [False] * n_tiles
-                    if kv_outer:
-                        acc["dq"] = nl.ndarray(
-                            (tq, n_tiles, D), dtype=nl.float32, buffer=nl.sbuf, name="dq_acc"
-                        )
-                    # Where PSUM sums start and end: the key block of a pair (dK/dV under
-                    # kv_outer) and its run of consecutive pairs with one query tile (dQ).
-                    kb = plan.kv_block
-                    kv_group = [pr[1] // kb if kv_outer else n for n, pr in enumerate(pairs)]
-                    q_group = [
-                        (pr[0], kv_group[n]) if kv_outer else pr[0] for n, pr in enumerate(pairs)
-                    ]
-                    blocks = []  # key blocks in the order the pass first uses them
-                    for jb in kv_group if kv_outer else ():
-                        if len(blocks) == 0 or blocks[-1] != jb:
-                            blocks.append(jb)
-                    if kv_outer and len(blocks) > 0:
-                        _load_kv_block(k, v, b, hk, blocks[0], kv_tiles, n_kt, plan, psum_dtype, 3)
-                    states = [None] * n_pairs
-                    for step in range(n_pairs + plan.lag_q):
-                        n = step
-                        if n < n_pairs:
-                            pair = pairs[n]
-                            first = n == 0 or kv_group[n - 1] != kv_group[n]
-                            last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
-                            # prefetch the next key block: rows now, transposes at its end
-                            ahead = -1
-                            if kv_outer:
-                                at = blocks.index(kv_group[n])
-                                ahead = blocks[at + 1] if at + 1 < len(blocks) else -1
-                            if ahead >= 0 and first:
-                                _load_kv_block(
-                                    k, v, b, hk, ahead, kv_tiles, n_kt, plan, psum_dtype, 1
-                                )
-                            states[n] = _scores(qs, kv_tiles[pair[1]], pair, scale, plan)
-                            if ahead >= 0 and last:
-                                _load_kv_block(
-                                    k, v, b, hk, ahead, kv_tiles, n_kt, plan, psum_dtype, 2
-                                )
-                        n = step - plan.lag_kv
-                        if 0 <= n < n_pairs:
-                            first = n == 0 or kv_group[n - 1] != kv_group[n]
-                            last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
-                            _kv_grads(states[n], qs, pairs[n], first, last, acc, plan, psum_dtype)
-                        n = step - plan.lag_q
-                        if 0 <= n < n_pairs:
-                            first = n == 0 or q_group[n - 1] != q_group[n]
-                            last = n == n_pairs - 1 or q_group[n + 1] != q_group[n]
-                            kv = kv_tiles[pairs[n][1]]
-                            _q_grads(
-                                states[n], kv, pairs[n], first, last, acc, dq[b, h], scale, plan
-                            )
-                            states[n] = None
-                    for t in range(n_tiles):
-                        q0 = (p0 + t) * tq
-                        n_q = min(tq, Sq - q0)
-                        if not acc["q_started"][t]:
-                            _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
-                        elif kv_outer:
-                            src = acc["dq"][0:n_q, t, :]
-                            _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, D)
+                    passes.append((hk * plan.groups + g, p0, min(plan.q_block, n_qt - p0)))
+            pass_pairs = [_pass_pairs(ps[1], ps[2], n_kt, plan) for ps in passes]
+            kb = plan.kv_block
+            qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan)
+            _query_pass_prepare(qs_next, plan, psum_dtype)
+            kv_next = kv_all
+            if kv_outer:
+                kv_next = [None] * n_kt
+                if len(pass_pairs[0]) > 0:
+                    jb0 = pass_pairs[0][0][1] // kb
+                    _load_kv_block(k, v, b, hk, jb0, kv_next, n_kt, plan, psum_dtype, 3)
+            for i in range(len(passes)):
+                h, p0, n_tiles = passes[i]
+                qs, kv_tiles = qs_next, kv_next
+                pairs = pass_pairs[i]
+                n_pairs = len(pairs)
+                # Prefetch the next pass while this one runs: its DMAs now, its transposes
+                # (and its first key block, under kv_outer) near this pass's end.
+                has_next = i + 1 < len(passes)
+                next_block = -1
+                if has_next:
+                    qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan)
+                    if kv_outer and len(pass_pairs[i + 1]) > 0:
+                        next_block = pass_pairs[i + 1][0][1] // kb
+                if kv_outer and n_kt <= kb and next_block >= 0:
+                    kv_next = kv_tiles  # one key block: the next pass reuses its tiles
+                    next_block = -1
+                elif kv_outer:
+                    kv_next = [None] * n_kt
+                prepared = False
+                acc["q_started"] = [False] * n_tiles
+                if kv_outer:
+                    acc["dq"] = nl.ndarray(
+                        (tq, n_tiles, D), dtype=nl.float32, buffer=nl.sbuf, name="dq_acc"
+                    )
+                # Where PSUM sums start and end: the key block of a pair (dK/dV under
+                # kv_outer) and its run of consecutive pairs with one query tile (dQ).
+                kv_group = [pr[1] // kb if kv_outer else n for n, pr in enumerate(pairs)]
+                q_group = [
+                    (pr[0], kv_group[n]) if kv_outer else pr[0] for n, pr in enumerate(pairs)
+                ]
+                blocks = []  # key blocks in the order the pass first uses them
+                for jb in kv_group if kv_outer else ():
+                    if len(blocks) == 0 or blocks[-1] != jb:
+                        blocks.append(jb)
+                states = [None] * n_pairs
+                for step in range(n_pairs + plan.lag_q):
+                    n = step
+                    if n < n_pairs:
+                        pair = pairs[n]
+                        first = n == 0 or kv_group[n - 1] != kv_group[n]
+                        last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
+                        # prefetch the next key block: rows now, transposes at its end
+                        ahead, dst_tiles = -1, kv_tiles
+                        if kv_outer:
+                            at = blocks.index(kv_group[n])
+                            if at + 1 < len(blocks):
+                                ahead = blocks[at + 1]
+                            else:
+                                ahead, dst_tiles = next_block, kv_next
+                        if ahead >= 0 and first:
+                            _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
+                        states[n] = _scores(qs, kv_tiles[pair[1]], pair, scale, plan)
+                        if ahead >= 0 and last:
+                            _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
+                        if n == n_pairs - 1 and has_next:
+                            _query_pass_prepare(qs_next, plan, psum_dtype)
+                            prepared = True
+                    n = step - plan.lag_kv
+                    if 0 <= n < n_pairs:
+                        first = n == 0 or kv_group[n - 1] != kv_group[n]
+                        last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
+                        _kv_grads(states[n], qs, pairs[n], first, last, acc, plan, psum_dtype)
+                    n = step - plan.lag_q
+                    if 0 <= n < n_pairs:
+                        first = n == 0 or q_group[n - 1] != q_group[n]
+                        last = n == n_pairs - 1 or q_group[n + 1] != q_group[n]
+                        kv = kv_tiles[pairs[n][1]]
+                        _q_grads(states[n], kv, pairs[n], first, last, acc, dq[b, h], scale, plan)
+                        states[n] = None
+                if has_next and not prepared:  # a pass no key reaches
+                    _query_pass_prepare(qs_next, plan, psum_dtype)
+                    if next_block >= 0:
+                        _load_kv_block(k, v, b, hk, next_block, kv_next, n_kt, plan, psum_dtype, 3)
+                for t in range(n_tiles):
+                    q0 = (p0 + t) * tq
+                    n_q = min(tq, Sq - q0)
+                    if not acc["q_started"][t]:
+                        _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
+                    elif kv_outer:
+                        src = acc["dq"][0:n_q, t, :]
+                        _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, D)
             for j in range(n_kt):
                 k0 = j * tk
                 n_k = min(tk, Sk - k0)
