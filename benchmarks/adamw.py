@@ -38,7 +38,7 @@ BYTES_PER_ELEMENT = {
 }  # read p g m v, write p m v
 
 
-def _inputs(shapes, dtype, amsgrad):
+def _inputs(shapes, dtype, amsgrad, rounding=False):
     dt = getattr(torch, dtype)
     params = [torch.empty(s, dtype=dt) for s in shapes]
     return (
@@ -49,13 +49,14 @@ def _inputs(shapes, dtype, amsgrad):
         [torch.empty(s) for s in shapes] if amsgrad else [],
         [torch.tensor(10.0) for _ in shapes],
         1e-3, 0.9, 0.999, 0.01, 1e-8, amsgrad, False, torch.tensor(1024.0), torch.tensor(0.0),
+        0 if rounding else None,
     )  # fmt: skip
 
 
-def measure(config, shapes, dtype="float32", amsgrad=False, target="trn2") -> dict:
+def measure(config, shapes, dtype="float32", amsgrad=False, target="trn2", rounding=False) -> dict:
     """Modeled latency, floor, binding engine and instruction counts of one step."""
     profiler = Profiler(target=target, compute=False)
-    args = _inputs(shapes, dtype, amsgrad)
+    args = _inputs(shapes, dtype, amsgrad, rounding)
     adamw.SPEC.run_kernels(*args, config=config, runner=profiler)
     report = profiler.report()
     n = sum(p.numel() for p in args[0])
@@ -68,7 +69,7 @@ def measure(config, shapes, dtype="float32", amsgrad=False, target="trn2") -> di
     by_engine, _ = report.counts()
     busy = report.busy_ns()
     critical, _ = report.critical()
-    tiles = sum(len(c) for lp in report.launches for c in [lp.run.trace])  # instructions
+    instructions = sum(len(lp.run.trace) for lp in report.launches)
     return {
         "elements": n,
         "latency_ns": report.latency_ns,
@@ -76,7 +77,7 @@ def measure(config, shapes, dtype="float32", amsgrad=False, target="trn2") -> di
         "fraction": floor_ns / report.latency_ns,
         "critical": critical,
         "busy_ns": busy,
-        "instructions": tiles,
+        "instructions": instructions,
         "by_engine": by_engine,
         "launches": len(report.launches),
     }
@@ -103,6 +104,9 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="trn2")
     parser.add_argument("--dtype", default="float32", choices=adamw.PARAM_DTYPES)
     parser.add_argument("--amsgrad", action="store_true")
+    parser.add_argument(
+        "--stochastic-rounding", action="store_true", help="bf16: seeded stochastic rounding"
+    )
     parser.add_argument("--all-configs", action="store_true", help="every valid config")
     parser.add_argument("--layers", type=int, default=1, help="decoder layers' worth of tensors")
     args = parser.parse_args(argv)
@@ -114,24 +118,27 @@ def main(argv=None) -> int:
     n = sum(torch.Size(s).numel() for s in shapes)
     print(
         f"fused AdamW, one step of {n:,} {args.dtype} params (Llama-3-8B layer mix), "
-        f"target {args.target}, amsgrad {args.amsgrad}; all numbers modeled (cost model)"
+        f"target {args.target}, amsgrad {args.amsgrad}, stochastic rounding "
+        f"{args.stochastic_rounding}; all numbers modeled (cost model)"
     )
     print("  tile  per  engines        latency        floor          fraction")
     best = None
     for config in configs:
         problem = {"tensors": len(shapes), "numel": max(torch.Size(s).numel() for s in shapes)}
         problem["amsgrad"] = args.amsgrad
+        problem["rounding"] = args.stochastic_rounding
         if not adamw.SPEC.is_valid(problem, args.dtype, config, args.target):
             continue
         t0 = time.perf_counter()
-        r = measure(config, shapes, args.dtype, args.amsgrad, args.target)
+        r = measure(config, shapes, args.dtype, args.amsgrad, args.target, args.stochastic_rounding)
         print(_line(config, r) + f"  ({time.perf_counter() - t0:.0f} s to model)")
         if best is None or r["latency_ns"] < best[1]["latency_ns"]:
             best = (config, r)
     config, r = best
     print(
         f"best: {config} at {r['fraction']:.1%} of the modeled DMA floor; binding unit "
-        f"{r['critical']} (modeled)"
+        f"{r['critical']}; {r['instructions']:,} instructions, "
+        f"{r['instructions'] / r['elements'] * 1e6:.1f} per million elements (modeled)"
     )
     return 0
 

@@ -30,6 +30,16 @@ caller's: like ``torch._fused_adamw_``, the kernel reads ``state_steps`` already
 incremented for this step and never writes them; ``FusedAdamW`` increments before the
 call and subtracts ``found_inf`` after it, as ``torch.optim.AdamW(fused=True)`` does.
 
+bf16 params are rounded to nearest even, or, given ``stochastic_rounding_seed``,
+stochastically: 16 bits from a counter-based hash of (element index, a per-tensor key
+mixing the seed and the step) are added below the bf16 mantissa of the fp32 result, which
+is then truncated. The interpreter has no RNG instruction and needs none: the hash is
+int32 multiplies (GpSimdE's exact wrapping arithmetic), xors and logical shifts, so
+every backend, and the torch reference, draws the same bits for a seed. The other
+opt-in for bf16 training, fp32 master weights, lives in ``FusedAdamW``: the kernel then
+updates the fp32 copy from the bf16 gradient (lower-precision grads are accepted with
+fp32 params).
+
 ScalarE's ``sqrt`` is valid on [2^-116, 2^118] and its ``reciprocal`` on +-[2^-42, 2^42]
 (nki.api.shared.rst, activation functions): the kernel takes ``sqrt(v / bc2 + 2^-84)``,
 which is >= 2^-42 and differs from ``sqrt(v / bc2)`` by at most 2^-42 (< 3e-13, far
