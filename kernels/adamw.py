@@ -170,7 +170,6 @@ class AdamwPlan(nl.NKIObject):
     amsgrad: bool
     masked: bool  # found_inf given: the gradient's bits are masked
     rounding: bool  # stochastic rounding of the bf16 param (else round to nearest even)
-    rounding_cols: int  # free size of the hash multiplier tiles
     engines: str
     hwdge: bool  # DMAs on the hardware DGE (NeuronCore-v3+), triggered from SyncE/ScalarE
     n_coefficients: int
@@ -239,11 +238,10 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target) -> Adam
         amsgrad=amsgrad,
         masked=bool(problem.get("masked", True)),
         rounding=rounding,
-        rounding_cols=cols if rounding else 0,
         engines=config.engines,
         hwdge=target.has_hwdge,
         n_coefficients=N_COEFFICIENTS,
-        sbuf_bytes=in_flight * chunk + len(sizes) * N_COEFFICIENTS * 4 + 8 * cols * rounding,
+        sbuf_bytes=in_flight * chunk + len(sizes) * N_COEFFICIENTS * 4 + 8 * rounding,
         psum_banks=0,
     )
 
@@ -319,7 +317,13 @@ def _step_mask(t, plan):
     if plan.masked:
         bits = t["g"].view(nl.int32 if t["g"].itemsize == 4 else nl.int16)
         mask = _col(t, MASK).view(nl.int32)
-        nisa.tensor_scalar(dst=bits, data=bits, op0=nl.bitwise_and, operand0=mask)
+        if plan.engines == "spread":  # GpSimdE takes it, against the column broadcast
+            wide = mask.broadcast(1, t["cols"])
+            nisa.tensor_tensor(
+                dst=bits, data1=bits, data2=wide, op=nl.bitwise_and, engine=nisa.engine.gpsimd
+            )
+        else:
+            nisa.tensor_scalar(dst=bits, data=bits, op0=nl.bitwise_and, operand0=mask)
 
 
 def _step_gradient_terms(t, plan):
@@ -401,7 +405,7 @@ def _step_round(t, hash_m1, hash_m2, plan):
     rows, cols = t["rows"], t["cols"]
     x, y = t["a"].view(nl.int32), t["b"].view(nl.int32)  # both dead after the update
     bits = t["pw"].view(nl.int32)
-    m1, m2 = hash_m1[0:rows, 0:cols], hash_m2[0:rows, 0:cols]
+    m1, m2 = hash_m1[0:rows, :].broadcast(1, cols), hash_m2[0:rows, :].broadcast(1, cols)
     i32, gpsimd = nl.int32, nisa.engine.gpsimd
     # x = element index in the tensor: offset + partition * cols + column
     nisa.iota(dst=x, pattern=[[1, cols]], offset=t["offset"], channel_multiplier=cols)
@@ -441,12 +445,12 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficie
     _load(coef, coefficients.broadcast(0, P), plan)  # one row to every partition
     hbm = {"p": params, "g": grads, "m": exp_avgs, "v": exp_avg_sqs, "vmax": max_exp_avg_sqs}
     hash_m1 = hash_m2 = None
-    if plan.rounding:  # the hash's multipliers as int32 tiles (GpSimdE multiplies tiles)
-        shape = (P, plan.rounding_cols)
-        hash_m1 = nl.ndarray(shape, dtype=nl.int32, buffer=nl.sbuf, name="hash_m1")
-        hash_m2 = nl.ndarray(shape, dtype=nl.int32, buffer=nl.sbuf, name="hash_m2")
-        nisa.iota(dst=hash_m1, pattern=[[0, plan.rounding_cols]], offset=HASH_M1)
-        nisa.iota(dst=hash_m2, pattern=[[0, plan.rounding_cols]], offset=HASH_M2)
+    if plan.rounding:  # the hash's multipliers as int32 columns (GpSimdE multiplies tiles:
+        # each is read as a stride-0 broadcast along the free dim)
+        hash_m1 = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf, name="hash_m1")
+        hash_m2 = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf, name="hash_m2")
+        nisa.iota(dst=hash_m1, pattern=[[0, 1]], offset=HASH_M1)
+        nisa.iota(dst=hash_m2, pattern=[[0, 1]], offset=HASH_M2)
     for wave in plan.waves:
         tiles = []
         for tensor, offset, rows, cols in wave:

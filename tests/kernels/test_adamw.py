@@ -96,9 +96,13 @@ def test_budget_binds_at_large_tiles():
     with pytest.raises(LimitError) as err:
         SPEC.check(problem, "float32", big, "trn2")
     assert err.value.arg == "SBUF bytes per partition"
-    for target in TARGETS:
-        plan = SPEC.check(problem, "float32", SPEC.config.default(), target)
-        assert plan.sbuf_bytes <= TARGETS[target].sbuf_usable_bytes
+    for target in TARGETS:  # the default runs every flag combination on every target
+        for dtype in adamw.PARAM_DTYPES:
+            for amsgrad in (False, True):
+                for rounding in {False, dtype == "bfloat16"}:
+                    flags = dict(amsgrad=amsgrad, rounding=rounding, tensors=64)
+                    plan = SPEC.check({**problem, **flags}, dtype, SPEC.config.default(), target)
+                    assert plan.sbuf_bytes <= TARGETS[target].sbuf_usable_bytes
 
 
 # -- numerics ---------------------------------------------------------------------------------
