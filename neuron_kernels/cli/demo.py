@@ -139,13 +139,15 @@ def main(args: argparse.Namespace) -> int:
         f"size {args.size}, seed {args.seed}), checked against their fp64 references"
     )
     checks = run_checks(target=target, size=args.size, seed=args.seed)
+    w = max([8] + [len(c.op) for c in checks])  # the longest name and problem set the widths
+    wp = max([22] + [len(c.problem) for c in checks])
     print(
-        f"  {'op':<8} {'problem':<22} {'dtype':<9} {'max abs err':>11}  {'tolerance':<24} "
+        f"  {'op':<{w}} {'problem':<{wp}} {'dtype':<9} {'max abs err':>11}  {'tolerance':<24} "
         f"{'instructions':>12}  {'latency (modeled)':>17}  result"
     )
     for c in checks:
         print(
-            f"  {c.op:<8} {c.problem:<22} {c.dtype:<9} {c.max_abs_err:>11.3g}  "
+            f"  {c.op:<{w}} {c.problem:<{wp}} {c.dtype:<9} {c.max_abs_err:>11.3g}  "
             f"{f'atol {c.atol:g} rtol {c.rtol:g}':<24} {c.instructions:>12}  {c.modeled_us:>14.1f} us  "
             f"{'PASS' if c.passed else 'FAIL'}"
         )
