@@ -1,0 +1,123 @@
+"""Flash attention on trn2, modeled: forward and forward+backward latency and TensorE
+utilization at B=1, H=32, Hkv=8, Sq=Sk=4096, D=128, bf16, causal and non-causal.
+
+Every number is *modeled* (interpreter trace, trace-only, scheduled by the cost model);
+none is a measurement. Run it by hand::
+
+    python benchmarks/flash_attention.py [--seq 4096] [--groups 1] [--skip-backward]
+
+Head subsampling: the kernels loop over (batch, KV head) groups that share nothing but
+the core, so one KV group (Hkv=1 with its H/Hkv query heads: the full GQA reuse of K/V)
+is traced and its modeled latency is multiplied by the number of groups (B * Hkv). This
+drops only the overlap between one group's tail and the next group's head, so the full
+shape's latency is slightly overestimated and its utilization slightly underestimated.
+Utilization is useful matmul FLOPs (QK^T and P V; dS, dQ, dK, dV, and the recomputed
+QK^T and P in backward) over the BF16 TensorE peak times the latency; TensorE transposes
+are not counted as useful.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from neuron_kernels.cost_model.profiler import Profiler
+from neuron_kernels.kernels import REGISTRY
+
+FWD, BWD = "flash_attention_fwd", "flash_attention_bwd"
+
+
+def _inputs(b, h, hkv, s, d):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, h, s, d, generator=g).bfloat16()
+    k = torch.randn(b, hkv, s, d, generator=g).bfloat16()
+    v = torch.randn(b, hkv, s, d, generator=g).bfloat16()
+    return q, k, v
+
+
+def _attention_flops(h, s, d, causal, backward):
+    """Useful matmul FLOPs of one KV group: 2 matmuls forward, 5 backward (recomputed QK^T,
+    dP = dO V^T, dV, dQ, dK), each 2*S*S*D per head; causal keeps the visible half."""
+    per_matmul = 2.0 * s * s * d * h * (0.5 if causal else 1.0)
+    return per_matmul * (5 if backward else 2)
+
+
+def _profile(op, args, **kw):
+    spec = REGISTRY[op]
+    profiler = Profiler("trn2", compute=False)
+    t0 = time.perf_counter()
+    outs = spec.run_kernels(*args, config=spec.config.default(), runner=profiler, **kw)
+    return profiler.report(), outs, time.perf_counter() - t0
+
+
+def _describe(name, report, scale, flops, peak):
+    latency = report.latency_ns * scale
+    util = flops * scale / (peak * latency * 1e-9)
+    busy = report.utilization()
+    lanes = {u: busy[u] for u in ("pe", "dve", "act", "pool")}
+    binding, _ = report.critical()
+    counts = report.launches[0].run.trace.count_by_api()
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:4]
+    print(
+        f"  {name:<16} {latency / 1e3:>9.1f} us  TensorE useful {util:6.1%}  "
+        f"HFU(all matmuls) {report.tensor_utilization()['hfu']:6.1%}  critical: {binding}"
+    )
+    print(
+        "  "
+        + " " * 16
+        + " busy "
+        + "  ".join(f"{u} {v:5.1%}" for u, v in lanes.items())
+        + f"  dma {busy['dma']:5.1%}"
+    )
+    print("  " + " " * 16 + " most issued: " + ", ".join(f"{a.split('.')[-1]} {n}" for a, n in top))
+    return latency, util
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--skip-backward", action="store_true")
+    args = parser.parse_args(argv)
+    b, h, hkv, s, d = args.batch, args.heads, args.kv_heads, args.seq, args.head_dim
+    if h % hkv:
+        parser.error(f"--heads must be a multiple of --kv-heads, got {h} and {hkv}")
+    group = h // hkv
+    scale = b * hkv  # traced: one (batch, KV head) group
+    print(
+        f"flash attention, trn2, bf16, B={b} H={h} Hkv={hkv} Sq=Sk={s} D={d} (modeled; "
+        f"one KV group of {group} query heads traced, latency x{scale})"
+    )
+    q, k, v = _inputs(1, group, 1, s, d)
+    for causal in (False, True):
+        print(f"causal={causal}")
+        fwd, (out, lse), wall_f = _profile(FWD, (q, k, v, causal, None))
+        peak = fwd.peak_flops_per_s
+        lat_f, util_f = _describe(
+            "forward", fwd, scale, _attention_flops(group, s, d, causal, False), peak
+        )
+        if args.skip_backward:
+            continue
+        dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
+        bwd, _, wall_b = _profile(BWD, (dout, q, k, v, out, lse, causal, None))
+        lat_b, _ = _describe(
+            "backward", bwd, scale, _attention_flops(group, s, d, causal, True), peak
+        )
+        total_flops = _attention_flops(group, s, d, causal, False) + _attention_flops(
+            group, s, d, causal, True
+        )
+        util_fb = total_flops * scale / (peak * (lat_f + lat_b) * 1e-9)
+        print(
+            f"  {'forward+backward':<16} {(lat_f + lat_b) / 1e3:>9.1f} us  "
+            f"TensorE useful {util_fb:6.1%}  (aims: forward 70%, fwd+bwd 55% non-causal)"
+        )
+        print(f"  (trace + model wall time: forward {wall_f:.0f} s, backward {wall_b:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
