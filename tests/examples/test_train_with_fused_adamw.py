@@ -18,9 +18,7 @@ def _run(*args):
     )
 
 
-@pytest.mark.parametrize(
-    "args", [[], ["--reference", "--steps", "8"]], ids=["kernel", "reference"]
-)
+@pytest.mark.parametrize("args", [[], ["--reference", "--steps", "8"]], ids=["kernel", "reference"])
 def test_example_matches_adamw(args):
     result = _run(*args)
     assert result.returncode == 0, result.stdout + result.stderr
