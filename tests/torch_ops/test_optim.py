@@ -265,3 +265,28 @@ def test_stochastic_rounding_of_bf16_params_is_reproducible():
     _train(plain, FusedAdamW(plain.parameters()), 2)
     _train(seeded, FusedAdamW(seeded.parameters(), stochastic_rounding_seed=1), 2)
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), seeded.parameters()))
+
+
+def test_unscale_and_clip_before_the_step_match_adamw():
+    """scaler.unscale_() then gradient clipping: the scaler hands over found_inf only (the
+    grads are already unscaled); a NaN step is skipped as AdamW skips it."""
+
+    def run(optimizer_cls):
+        model = _model()
+        opt = optimizer_cls(model.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+        for step in range(4):
+            x, y = _batch(step)
+            opt.zero_grad()
+            scaler.scale(((model(x) - y) ** 2).mean()).backward()
+            if step == 1:
+                model[2].bias.grad[0] = float("nan")
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            with cpu_mode("interpret"):
+                scaler.step(opt)
+            scaler.update()
+        return model
+
+    for p, q in zip(run(FusedAdamW).parameters(), run(torch.optim.AdamW).parameters()):
+        torch.testing.assert_close(p, q, **PARAM_TOL)
