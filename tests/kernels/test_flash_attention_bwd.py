@@ -162,6 +162,21 @@ def test_kernel_matches_its_closed_form_reference_for_every_loop_order_and_trans
         assert_within_tolerance(out, ref, SPEC.tolerances["bfloat16"], f"[{config}]")
 
 
+def test_several_key_blocks_and_passes_prefetch_correctly():
+    """Key blocks prefetched across several blocks per pass and into the next pass (11 key
+    tiles of 64 in blocks of 4, two query passes per query head, two heads, causal Sq < Sk)."""
+    problem = _problem(600, 700, d=32, hkv=1, groups=2, causal=True)
+    args = _inputs(problem, "float32", seed=19)
+    truth = _truth(args)
+    for config in (
+        SPEC.config(tile_k=64, q_block=4),
+        SPEC.config(tile_k=64, q_block=4, kv_block=1, elementwise="balanced"),
+        SPEC.config(tile_k=64, q_block=4, loop_order="q_outer"),
+    ):
+        out = run_kernel(SPEC, args, config)
+        assert_within_tolerance(out, truth, SPEC.tolerances["float32"], f"[{config}]")
+
+
 def test_two_runs_are_bitwise_equal():
     """Deterministic: the same inputs and config give bitwise identical gradients."""
     args = _inputs(_problem(200, 260, d=32, hkv=2, groups=2, causal=True), "bfloat16", seed=13)
