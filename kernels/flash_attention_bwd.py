@@ -969,7 +969,7 @@ SPEC = register(
         bad_inputs=_bad_inputs,
         budget_hints={
             "psum": "choose transpose='dma' or 'vector' to free PSUM banks",
-            "sbuf": "lower q_block, or use loop_order='kv_outer' for long key sequences",
+            "sbuf": "lower q_block (kv_outer), or leave q_outer, which holds every K/V tile",
         },
         description="(dq, dk, dv) of attention from (dout, q, k, v, out, lse), FlashAttention-2 style",
     )
