@@ -217,12 +217,17 @@ class FlashAttentionConfig(TunableConfig):
             "strided" (element-wise DMA access pattern).
         p_transpose: how the probabilities P [q, k] become P^T [k, q] for P V: "pe" (TensorE
             transpose through PSUM) or "vector" (VectorE 32x32 blocks, SBUF to SBUF).
+        p_copy: which engines evacuate P^T from PSUM: "vector", or "split" (every other
+            one on ScalarE).
+        q_group: query tiles processed in lockstep, stage by stage: each engine runs in
+            program order, so one tile's dependency chain (QK^T -> max -> exp -> P^T -> P V
+            -> rescale) is hidden behind the other tiles' work.
     """
 
     op_name = OP
 
     k_tile: int = tunable(
-        512, (128, 256, 512), "modeled: one full PSUM bank of scores per exp/reduce pass"
+        512, (128, 512), "modeled: one full PSUM bank of scores per exp/reduce pass"
     )
     kv_block: int = tunable(
         4096,
@@ -234,6 +239,16 @@ class FlashAttentionConfig(TunableConfig):
     )
     p_transpose: str = tunable(
         "pe", ("pe", "vector"), "modeled: one TensorE transpose per 128 keys, not 16 VectorE ones"
+    )
+    p_copy: str = tunable(
+        "split",
+        ("vector", "split"),
+        "modeled: VectorE also takes the row max and rescales; ScalarE takes half the copies",
+    )
+    q_group: int = tunable(
+        4,
+        (1, 4),
+        "modeled: four query tiles in lockstep keep the in-order engines busy",
     )
 
 
@@ -258,6 +273,8 @@ class FlashAttentionPlan(nl.NKIObject):
     kv_blocks: int  # blocks along Sk; 1 means K/V resident per KV head
     load_transpose: str
     p_transpose: str
+    p_copy: str
+    q_group: int  # query tiles in lockstep
     pe_transpose_keeps_dtype: bool  # TensorE transposes keep the dtype in PSUM (v3+)
     vector_transpose: int  # VectorE transpose block edge (32)
     sbuf_bytes: int
@@ -309,13 +326,18 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     kv_chunks = ceil_div(min(kv_rows, sk), target.pmax)
     # Per partition: the K^T and V blocks, q^T, then one key tile's working set, counted
     # twice (a tile of the next step is allocated while this step's is still live).
-    sbuf = d_tiles * min(kv_rows, sk) * item + kv_chunks * d * item + d_tiles * q_tile * item
+    # Per partition: the K^T and V blocks; per query tile of the group its q^T and one key
+    # tile's working set, counted twice (the next step's tiles are allocated while this
+    # step's are still live).
+    sbuf = d_tiles * min(kv_rows, sk) * item + kv_chunks * d * item
     if config.load_transpose == "pe":
         sbuf += 2 * d * item  # q rows and K rows awaiting their TensorE transpose
     step = config.k_tile * 4 + config.k_tile * item + 2 * q_tile * item  # scores, P, P^T
     step += 2 * d * 4 + 8 * 4  # O accumulators (old and new) and the [q, 1] columns
-    sbuf += 2 * step + d * item  # + the output rows in the output dtype
-    banks = 2 + (config.p_transpose == "pe") + (config.load_transpose == "pe")
+    per_tile = d_tiles * q_tile * item + 2 * step + d * item  # + the output rows
+    sbuf += config.q_group * per_tile
+    # Scores of every tile in the group (or their P V sums), plus the transposes' banks.
+    banks = config.q_group + (config.p_transpose == "pe") + (config.load_transpose == "pe")
     return FlashAttentionPlan(
         b=b,
         h=h,
@@ -333,6 +355,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         kv_blocks=kv_blocks,
         load_transpose=config.load_transpose,
         p_transpose=config.p_transpose,
+        p_copy=config.p_copy,
+        q_group=config.q_group,
         pe_transpose_keeps_dtype=target.has_transpose_mode,
         vector_transpose=target.vector_transpose_max,
         sbuf_bytes=sbuf,
@@ -384,26 +408,61 @@ def _load_kv_block(k, v, b, kvh, r0, rows, plan):
     return kt, vb
 
 
-def _transpose_p(p_sb, qs, c0, cs, plan):
-    """P^T ``[cs, qs]`` in SBUF of the ``cs`` key columns of ``p_sb`` from ``c0``."""
-    p_t = nl.ndarray((cs, qs), dtype=p_sb.dtype, buffer=nl.sbuf, name="p_t")
+def _transpose_p(p_sb, qs, ks, plan):
+    """P^T of ``p_sb [qs, ks]`` as ``[128, chunks, qs]``: in one PSUM bank ("pe", awaiting
+    :func:`_evacuate_p`) or directly in SBUF ("vector", 32x32 blocks)."""
+    dt = plan.d_tile
+    chunks = (ks + dt - 1) // dt
+    rows = min(dt, ks)
     if plan.p_transpose == "pe":
         psum_dtype = p_sb.dtype if plan.pe_transpose_keeps_dtype else nl.float32
-        tp = nl.ndarray((cs, qs), dtype=psum_dtype, buffer=nl.psum, name="p_t_psum")
-        nisa.nc_transpose(dst=tp, data=p_sb[0:qs, c0 : c0 + cs])
-        nisa.tensor_copy(dst=p_t, src=tp)
+        p_t = nl.ndarray((rows, chunks, qs), dtype=psum_dtype, buffer=nl.psum, name="p_t_psum")
     else:
-        e = plan.vector_transpose
+        p_t = nl.ndarray((rows, chunks, qs), dtype=p_sb.dtype, buffer=nl.sbuf, name="p_t")
+    e = plan.vector_transpose
+    for c in range(chunks):
+        c0 = c * dt
+        cs = min(dt, ks - c0)
+        if plan.p_transpose == "pe":
+            nisa.nc_transpose(dst=p_t[0:cs, c, 0:qs], data=p_sb[0:qs, c0 : c0 + cs])
+            continue
         for i0 in range(0, qs, e):
             i_s = min(e, qs - i0)
             for j0 in range(0, cs, e):
                 js = min(e, cs - j0)
                 nisa.nc_transpose(
-                    dst=p_t[j0 : j0 + js, i0 : i0 + i_s],
+                    dst=p_t[j0 : j0 + js, c, i0 : i0 + i_s],
                     data=p_sb[i0 : i0 + i_s, c0 + j0 : c0 + j0 + js],
                     engine=nisa.engine.vector,
                 )
     return p_t
+
+
+def _evacuate_p(p_t, qs, ks, q_dtype, plan):
+    """P^T in SBUF: the PSUM tile copied out ("pe"; with ``p_copy="split"`` the second half
+    of the chunks on ScalarE), or the SBUF tile as it is ("vector")."""
+    if plan.p_transpose != "pe":
+        return p_t
+    dt = plan.d_tile
+    chunks = (ks + dt - 1) // dt
+    rows = min(dt, ks)
+    out = nl.ndarray((rows, chunks, qs), dtype=q_dtype, buffer=nl.sbuf, name="p_t")
+    full = ks // dt  # chunks with all 128 rows; a last partial chunk is copied on its own
+    pieces = []
+    if full:
+        half = (full + 1) // 2 if plan.p_copy == "split" and full > 1 else full
+        pieces.append((0, half, rows, "vector"))
+        if half < full:
+            pieces.append((half, full, rows, "scalar"))
+    if full < chunks:
+        pieces.append((full, chunks, ks - full * dt, "vector"))
+    for c_lo, c_hi, r, eng in pieces:
+        dst, src = out[0:r, c_lo:c_hi, 0:qs], p_t[0:r, c_lo:c_hi, 0:qs]
+        if eng == "scalar":
+            nisa.activation(dst=dst, op=nl.copy, data=src)
+        else:
+            nisa.tensor_copy(dst=dst, src=src)
+    return out
 
 
 def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
@@ -437,121 +496,182 @@ def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
     return s_ps, plan.scale
 
 
-def _attend_query_tile(q, out, lse, kv, k, v, b, h, kvh, q0, plan):
-    """Online softmax over the visible keys of query rows ``q0 .. q0 + qs`` of head ``h``."""
-    d = plan.d
+def _open_query_tile(q, b, h, q0, plan):
+    """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T."""
     qs = min(plan.q_tile, plan.sq - q0)
     offset = plan.sk - plan.sq
     # Keys j < k_end are visible to some row of the tile; rows i < Sq - Sk see none.
     k_end = min(plan.sk, q0 + qs + offset) if plan.causal else plan.sk
     n_dead = min(qs, max(0, -(q0 + offset))) if plan.causal else 0
+    state = {"h": h, "q0": q0, "qs": qs, "k_end": k_end, "n_dead": n_dead, "q_t": None}
+    state.update(neg_max=None, row_sum=None, o_acc=None)
+    if k_end > 0:
+        q_t = nl.ndarray(
+            (min(plan.d_tile, plan.d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
+        )
+        _load_transposed(q[b, h, q0 : q0 + qs, 0 : plan.d], q_t, qs, plan)
+        state["q_t"] = q_t
+    return state
+
+
+def _step(states, kt, vb, r0, kk0, q_dtype, plan):
+    """One key tile (keys ``r0 + kk0 ..``) for every query tile in ``states`` that sees it,
+    issued stage by stage across the tiles: each engine runs in program order, so one
+    tile's chain (QK^T -> max -> exp -> P^T -> P V -> rescale) waits while the engine
+    does the other tiles' independent work."""
+    k0 = r0 + kk0
+    work = []
+    for s in states:
+        if k0 < s["k_end"]:
+            ks = min(plan.k_tile, plan.kv_block - kk0, plan.sk - k0, s["k_end"] - k0)
+            work.append((s, ks))
+    for s, ks in work:
+        _scores_and_max(s, ks, kt, kk0, k0, plan)
+        _running_max(s)
+    for s, ks in work:
+        _exponentiate(s, ks, q_dtype)
+    # P^T of tile i is transposed while tile i - 1's is evacuated and multiplied with V,
+    # so TensorE does not wait on the copy it just fed.
+    for i in range(len(work) + 1):
+        if i < len(work):
+            s, ks = work[i]
+            s["p_t"] = _transpose_p(s["p"], s["qs"], ks, plan)
+        if i >= 1:
+            _multiply_v(*work[i - 1], vb, kk0, q_dtype, plan)
+    for s, ks in work:
+        _fold(s, plan)
+
+
+def _scores_and_max(s, ks, kt, kk0, k0, plan):
+    """Scores on TensorE (masked on VectorE/GpSimd where the causal diagonal crosses) and
+    their row max (or min, for a negative scale) on VectorE."""
+    qs = s["qs"]
+    src, act_scale = _score_tile(s["q_t"], kt, qs, kk0, ks, s["q0"], k0, plan)
+    ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
+    # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
+    nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
+    s.update(src=src, act_scale=act_scale, ext=ext)
+
+
+def _running_max(s):
+    """The running max, negated: -max(m_old, act_scale * tile max)."""
+    qs, ext, act_scale = s["qs"], s["ext"], s["act_scale"]
+    new_neg_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_m")
+    if s["neg_max"] is None:
+        nisa.tensor_scalar(dst=new_neg_max, data=ext, op0=nl.multiply, operand0=-act_scale)
+    else:  # -max(m_old, m_tile) = min(-m_old, -m_tile)
+        nisa.tensor_scalar(
+            dst=new_neg_max,
+            data=ext,
+            op0=nl.multiply,
+            operand0=-act_scale,
+            op1=nl.minimum,
+            operand1=s["neg_max"],
+        )
+    s["new_neg_max"] = new_neg_max
+
+
+def _exponentiate(s, ks, q_dtype):
+    """P = exp(scale * S - m_new) on ScalarE, summed per row by its accumulator; and
+    alpha = exp(m_old - m_new), which rescales the running sum and accumulator."""
+    qs = s["qs"]
+    p_sb = nl.ndarray((qs, ks), dtype=q_dtype, buffer=nl.sbuf, name="p")
+    tile_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_sum")
+    nisa.activation(
+        dst=p_sb,
+        op=nl.exp,
+        data=s["src"],
+        bias=s["new_neg_max"],
+        scale=s["act_scale"],
+        reduce_op=nl.add,
+        reduce_res=tile_sum,
+        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+    )
+    s.update(p=p_sb, tile_sum=tile_sum)
+    if s["neg_max"] is not None:
+        alpha = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="alpha")
+        nisa.activation(dst=alpha, op=nl.exp, data=s["neg_max"], bias=s["new_neg_max"], scale=-1.0)
+        s["alpha"] = alpha
+
+
+def _multiply_v(s, ks, vb, kk0, q_dtype, plan):
+    """P^T to SBUF, then O_tile = P V on TensorE, 128 keys per matmul, into PSUM."""
+    qs, d = s["qs"], plan.d
+    p_t = _evacuate_p(s["p_t"], qs, ks, q_dtype, plan)
+    o_ps = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.psum, name="o_psum")
+    for c in range((ks + plan.d_tile - 1) // plan.d_tile):
+        cs = min(plan.d_tile, ks - c * plan.d_tile)
+        nisa.nc_matmul(
+            dst=o_ps,
+            stationary=p_t[0:cs, c, 0:qs],
+            moving=vb[0:cs, (kk0 + c * plan.d_tile) // plan.d_tile, 0:d],
+            accumulate=c > 0,
+        )
+    s["o_ps"] = o_ps
+
+
+def _fold(s, plan):
+    """The tile into the running sum and accumulator: O_old * alpha on ScalarE, + P V
+    from PSUM on VectorE (which also takes the row max, the busiest engine)."""
+    qs, d, o_ps = s["qs"], plan.d, s["o_ps"]
+    new_acc = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.sbuf, name="o_acc")
+    if s["neg_max"] is None:
+        s["row_sum"] = s["tile_sum"]
+        nisa.tensor_copy(dst=new_acc, src=o_ps)
+    else:
+        new_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="l")
+        nisa.scalar_tensor_tensor(
+            dst=new_sum,
+            data=s["row_sum"],
+            op0=nl.multiply,
+            operand0=s["alpha"],
+            op1=nl.add,
+            operand1=s["tile_sum"],
+        )
+        scaled = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.sbuf, name="o_scaled")
+        nisa.activation(dst=scaled, op=nl.copy, data=s["o_acc"], scale=s["alpha"])
+        nisa.tensor_tensor(dst=new_acc, data1=o_ps, data2=scaled, op=nl.add)
+        s["row_sum"] = new_sum
+    s["neg_max"], s["o_acc"] = s["new_neg_max"], new_acc
+
+
+def _close_query_tile(s, out, lse, b, plan):
+    """out = O / l and lse = log(l) + m to HBM; rows that see no key get 0 and -inf."""
+    d, qs, q0, h, n_dead = plan.d, s["qs"], s["q0"], s["h"], s["n_dead"]
     o_out = nl.ndarray((qs, d), dtype=out.dtype, buffer=nl.sbuf, name="o_out")
     lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
-    if k_end <= 0:
+    if s["neg_max"] is None:
         # Trace-time skip: no key is visible to any row of this tile.
         nisa.memset(dst=o_out, value=0.0)
         nisa.memset(dst=lse_t, value=float("-inf"))
     else:
-        q_t = nl.ndarray(
-            (min(plan.d_tile, d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
-        )
-        _load_transposed(q[b, h, q0 : q0 + qs, 0:d], q_t, qs, plan)
-        neg_max = row_sum = o_acc = None
-        for blk in range((k_end + plan.kv_block - 1) // plan.kv_block):
-            r0 = blk * plan.kv_block
-            rows = min(plan.kv_block, plan.sk - r0)
-            kt, vb = kv if kv is not None else _load_kv_block(k, v, b, kvh, r0, rows, plan)
-            for kk0 in range(0, min(rows, k_end - r0), plan.k_tile):
-                k0 = r0 + kk0
-                ks = min(plan.k_tile, rows - kk0, k_end - k0)
-                src, act_scale = _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan)
-                # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
-                ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
-                nisa.tensor_reduce(
-                    dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1
-                )
-                new_neg_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_m")
-                if neg_max is None:
-                    nisa.tensor_scalar(
-                        dst=new_neg_max, data=ext, op0=nl.multiply, operand0=-act_scale
-                    )
-                else:  # -max(m_old, m_tile) = min(-m_old, -m_tile)
-                    nisa.tensor_scalar(
-                        dst=new_neg_max,
-                        data=ext,
-                        op0=nl.multiply,
-                        operand0=-act_scale,
-                        op1=nl.minimum,
-                        operand1=neg_max,
-                    )
-                # P = exp(scale * S - m_new), summed per row by the activation's accumulator.
-                p_sb = nl.ndarray((qs, ks), dtype=q.dtype, buffer=nl.sbuf, name="p")
-                tile_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_sum")
-                nisa.activation(
-                    dst=p_sb,
-                    op=nl.exp,
-                    data=src,
-                    bias=new_neg_max,
-                    scale=act_scale,
-                    reduce_op=nl.add,
-                    reduce_res=tile_sum,
-                    reduce_cmd=nisa.reduce_cmd.reset_reduce,
-                )
-                # O_tile = P V, contracting 128 keys at a time on TensorE.
-                o_ps = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.psum, name="o_psum")
-                n_c = (ks + plan.d_tile - 1) // plan.d_tile
-                for c in range(n_c):
-                    c0 = c * plan.d_tile
-                    cs = min(plan.d_tile, ks - c0)
-                    p_t = _transpose_p(p_sb, qs, c0, cs, plan)
-                    nisa.nc_matmul(
-                        dst=o_ps,
-                        stationary=p_t,
-                        moving=vb[0:cs, (kk0 + c0) // plan.d_tile, 0:d],
-                        accumulate=c > 0,
-                    )
-                new_acc = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.sbuf, name="o_acc")
-                if neg_max is None:
-                    row_sum = tile_sum
-                    nisa.tensor_copy(dst=new_acc, src=o_ps)
-                else:
-                    # alpha = exp(m_old - m_new) rescales the running sum and accumulator.
-                    alpha = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="alpha")
-                    nisa.activation(
-                        dst=alpha, op=nl.exp, data=neg_max, bias=new_neg_max, scale=-1.0
-                    )
-                    new_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="l")
-                    nisa.scalar_tensor_tensor(
-                        dst=new_sum,
-                        data=row_sum,
-                        op0=nl.multiply,
-                        operand0=alpha,
-                        op1=nl.add,
-                        operand1=tile_sum,
-                    )
-                    nisa.scalar_tensor_tensor(
-                        dst=new_acc,
-                        data=o_acc,
-                        op0=nl.multiply,
-                        operand0=alpha,
-                        op1=nl.add,
-                        operand1=o_ps,
-                    )
-                    row_sum = new_sum
-                neg_max, o_acc = new_neg_max, new_acc
-        # out = O / l; lse = log(l) + m.
         recip = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
-        nisa.reciprocal(dst=recip, data=row_sum)
-        nisa.tensor_scalar(dst=o_out, data=o_acc, op0=nl.multiply, operand0=recip)
+        nisa.reciprocal(dst=recip, data=s["row_sum"])
+        nisa.tensor_scalar(dst=o_out, data=s["o_acc"], op0=nl.multiply, operand0=recip)
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
-        nisa.activation(dst=log_sum, op=nl.log, data=row_sum)
-        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=neg_max, op=nl.subtract)
+        nisa.activation(dst=log_sum, op=nl.log, data=s["row_sum"])
+        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=s["neg_max"], op=nl.subtract)
         if n_dead:
             # Rows that see no key at all: zeros and -inf, as the contract says.
             nisa.memset(dst=o_out[0:n_dead, 0:d], value=0.0)
             nisa.memset(dst=lse_t[0:n_dead, 0:1], value=float("-inf"))
     nisa.dma_copy(dst=out[b, h, q0 : q0 + qs, 0:d], src=o_out)
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
+
+
+def _attend_group(q, k, v, out, lse, kv, b, kvh, tiles, plan):
+    """Online softmax for a group of (head, q0) query tiles of KV head ``kvh``, in lockstep
+    over the key tiles any of them sees."""
+    states = [_open_query_tile(q, b, h, q0, plan) for h, q0 in tiles]
+    k_end = max(s["k_end"] for s in states)
+    for blk in range((k_end + plan.kv_block - 1) // plan.kv_block if k_end > 0 else 0):
+        r0 = blk * plan.kv_block
+        rows = min(plan.kv_block, plan.sk - r0)
+        kt, vb = kv if kv is not None else _load_kv_block(k, v, b, kvh, r0, rows, plan)
+        for kk0 in range(0, min(rows, k_end - r0), plan.k_tile):
+            _step(states, kt, vb, r0, kk0, q.dtype, plan)
+    for s in states:
+        _close_query_tile(s, out, lse, b, plan)
 
 
 @nki.jit
@@ -573,9 +693,11 @@ def forward(q, k, v, plan):
         for kvh in range(Hkv):
             # K/V resident: loaded once, shared by every query tile of the group's heads.
             kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
-            for g in range(group):
-                for q0 in range(0, Sq, plan.q_tile):
-                    _attend_query_tile(q, out, lse, kv, k, v, b, kvh * group + g, kvh, q0, plan)
+            tiles = [
+                (kvh * group + g, q0) for g in range(group) for q0 in range(0, Sq, plan.q_tile)
+            ]
+            for t0 in range(0, len(tiles), plan.q_group):
+                _attend_group(q, k, v, out, lse, kv, b, kvh, tiles[t0 : t0 + plan.q_group], plan)
     return out, lse
 
 
