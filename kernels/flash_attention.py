@@ -835,17 +835,26 @@ def _bad_inputs(op):
     return bad_inputs
 
 
+def composite(q, k, v, causal=False, softmax_scale=None):
+    """The public op as torch runs it: the forward's ``out``; autograd saves its ``lse``."""
+    return torch.ops.neuron.flash_attention_fwd(q, k, v, causal, softmax_scale)[0]
+
+
 def _setup_context(ctx, q, k, v, causal, softmax_scale, output):
+    out, lse = output
     ctx.causal, ctx.softmax_scale = causal, softmax_scale
-    ctx.save_for_backward(q, k, v)
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, grad_out):
-    """Recompute (out, lse) with the forward op, then the backward op: dq, dk, dv."""
-    q, k, v = ctx.saved_tensors
+def _backward(ctx, grad_out, grad_lse):
+    """dq, dk, dv from the backward op, with the forward's saved out and lse (no
+    recomputed forward). ``lse`` is marked non-differentiable."""
+    q, k, v, out, lse = ctx.saved_tensors
     if q.numel() == 0 or k.shape[2] == 0:  # nothing attended: every gradient is zero
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None
-    out, lse = torch.ops.neuron.flash_attention_fwd(q, k, v, ctx.causal, ctx.softmax_scale)
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
     dq, dk, dv = torch.ops.neuron.flash_attention_bwd(
         grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale
     )
@@ -905,9 +914,10 @@ FWD_SPEC = register(
         test_problems=_TEST_PROBLEMS,
         shape_bucket=shape_bucket,
         kernels=(forward,),
+        autograd=(_setup_context, _backward),
         bad_inputs=_bad_inputs(FWD_OP),
         budget_hints=_BUDGET_HINTS,
-        description="Flash attention forward, (out, lse): online softmax on TensorE/ScalarE",
+        description="Flash attention forward, (out, lse); its autograd calls flash_attention_bwd",
     )
 )
 
@@ -925,10 +935,11 @@ SPEC = register(
         test_problems=_TEST_PROBLEMS,
         shape_bucket=shape_bucket,
         kernels=(forward,),
-        autograd=(_setup_context, _backward),
+        composite=composite,
         bad_inputs=_bad_inputs(OP),
         budget_hints=_BUDGET_HINTS,
-        description="Flash attention (BHSD, GQA, causal bottom-right) with autograd",
+        description="Flash attention (BHSD, GQA, causal bottom-right), composite over "
+        "flash_attention_fwd",
     )
 )
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from neuron_kernels.kernels import Tolerance
 from neuron_kernels.kernels import flash_attention as fa
 from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
 
@@ -33,10 +34,20 @@ def _inputs(b, h, hkv, sq, sk, d, dtype, seed=0, std=1.0):
     return q, k, v
 
 
-def _check(q, k, v, causal, scale, config=None, context=""):
+def _tolerance(dtype, scale, d):
+    """The declared tolerance, written for logits O(1) (the default scale, N(0, 1) inputs),
+    widened by the logits' size |scale| * sqrt(D) when a larger scale is drawn: a logit's
+    fp32 rounding error, and so the relative error of its weight, grows with its magnitude
+    (PyTorch's own fp32 SDPA has the same growth)."""
+    tol = FWD.tolerances[dtype]
+    f = max(1.0, abs(fa.resolve_scale(scale, d)) * math.sqrt(d))
+    return Tolerance(tol.atol * f, tol.rtol * f, f"{tol.reason}, x{f:.3g} for the logit size")
+
+
+def _check(q, k, v, causal, scale, config=None, context="", strict=False):
     out = run_kernel(FWD, (q, k, v, causal, scale), config)
     ref = fa.attention_reference(q, k, v, causal, scale)
-    tol = FWD.tolerances[fa.dtype_name(q)]
+    tol = _tolerance(fa.dtype_name(q), None if strict else scale, q.shape[-1])
     assert_within_tolerance(
         out, ref, tol, f"[{tuple(q.shape)} {tuple(k.shape)} {causal} {scale} {context}]"
     )
@@ -96,7 +107,8 @@ def test_large_logits_do_not_overflow():
     """Scale 10 and values ~1e2 (scores ~1e6): finite, and within the fp32 tolerance."""
     q, k, v = _inputs(1, 2, 1, 130, 260, 64, "float32", seed=3, std=100.0)
     for causal in (False, True):
-        (out, lse), _ = _check(q, k, v, causal, 10.0)
+        # One-hot softmax: held to the declared (unwidened) tolerance.
+        (out, lse), _ = _check(q, k, v, causal, 10.0, strict=True)
         assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 
 
