@@ -129,7 +129,7 @@ def plan(problem: dict, dtype: str, config: RmsNormBwdConfig, target: Target) ->
         two_pass=two_pass,
         weight_broadcast=config.weight_broadcast,
         weight_fp32=w_item == 4,
-        square_sum="scalar",
+        statistics="scalar",
         normalize="scalar",
         matmul_fmax=target.gemm_moving_fmax,
         bn_fmax=target.bn_stats_fmax,
