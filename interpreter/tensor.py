@@ -10,6 +10,7 @@ outside its bytes in a partition). Views are immutable once made.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from typing import Any
@@ -20,7 +21,15 @@ from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.errors import NkiValidationError, not_implemented
 from neuron_kernels.interpreter.trace import Access
 
-__all__ = ["MemoryRegion", "NKIObject", "NkiTensor", "DynamicSlice", "Storage", "wrap_host_array"]
+__all__ = [
+    "MemoryRegion",
+    "NKIObject",
+    "NkiTensor",
+    "DynamicSlice",
+    "Indirection",
+    "Storage",
+    "wrap_host_array",
+]
 
 
 class MemoryRegion(enum.Enum):
@@ -91,6 +100,32 @@ def _annotated_fields(cls: type) -> list[str]:
             if key not in names and not key.startswith("_"):
                 names.append(key)
     return names
+
+
+class Indirection:
+    """The dynamic part of an indirect view (``.ap(vector_offset=...)`` / ``scalar_offset``).
+
+    ``vector``: dim 0 of the view iterates the index tensor's values, column-major
+    (``indices.T.flatten()``, nki/api/nki/isa ``dma_transpose``), each scaled by ``scale``
+    (the stride of ``indirect_dim`` in the tensor ``.ap()`` was called on); it replaces dim
+    0's own step. ``scalar``: one value (a 1x1 SBUF tensor or a register), times ``scale``,
+    added to every element. Values are read when an instruction runs.
+    """
+
+    __slots__ = ("kind", "source", "scale")
+
+    def __init__(self, kind: str, source, scale: int) -> None:
+        self.kind, self.source, self.scale = kind, source, scale
+
+    def values(self, api: str):
+        from neuron_kernels.interpreter.registers import VirtualRegister
+
+        if isinstance(self.source, VirtualRegister):
+            return self.source._read(api)
+        raw = self.source._read_raw()
+        if self.kind == "scalar":
+            return int(raw.reshape(-1)[0])
+        return raw.astype(np.int64).T.reshape(-1)
 
 
 class DynamicSlice:
@@ -195,6 +230,7 @@ class NkiTensor(NKIObject):
         self.dtype = dtype
         self.name = name or storage.name
         self._acc = None  # cached trace Access (views are immutable)
+        self._indirect: Indirection | None = None  # .ap(vector_offset= / scalar_offset=)
 
     @classmethod
     def _make(cls, storage, shape, strides, offset, dtype=None, name=None) -> NkiTensor:
@@ -204,6 +240,14 @@ class NkiTensor(NKIObject):
 
     def _derive(self, api, shape, strides, offset, dtype=None) -> NkiTensor:
         """A new view of the same storage, bounds-checked."""
+        if self._indirect is not None:
+            raise NkiValidationError(
+                api,
+                "self",
+                "must not be an indirect view (nki/api/nki/language NkiTensor.is_indirect: "
+                "indirect views cannot be re-indexed or re-indirected)",
+                repr(self),
+            )
         view = NkiTensor._make(
             self._storage, shape, strides, offset, dtype or self.dtype, self.name
         )
@@ -286,8 +330,14 @@ class NkiTensor(NKIObject):
         return arr if arr.dtype == want else arr.view(want)
 
     def _array(self) -> np.ndarray:
-        """A NumPy view (no copy) with this tensor's shape and strides."""
+        """A NumPy view (no copy) with this tensor's shape and strides; for an indirect view,
+        a read-only gathered copy (writes go through :meth:`_scatter`)."""
         flat = self._flat()
+        if self._indirect is not None:
+            index, _ = self._element_index("indirect access")
+            values = flat[index]
+            values.flags.writeable = False
+            return values
         item = flat.dtype.itemsize
         return np.ndarray(
             self.shape,
@@ -323,7 +373,10 @@ class NkiTensor(NKIObject):
             values = src._array()
             if values.shape != self.shape:
                 values = values.reshape(self.shape)
-            self._array()[...] = values
+            if self._indirect is not None:
+                self._scatter(values)
+            else:
+                self._array()[...] = values
         self._storage.written = True
         if self._storage.psum_state is not None:
             self._psum_state()[...] = PSUM_VALUE_WRITTEN
@@ -338,11 +391,65 @@ class NkiTensor(NKIObject):
             values = np.asarray(values)
             if not raw:
                 values = dtypes.convert(values, self.dtype, self._storage.precise_fp)
-            self._array()[...] = values.reshape(self.shape)
+            if self._indirect is not None:
+                self._scatter(values.reshape(self.shape))
+            else:
+                self._array()[...] = values.reshape(self.shape)
         self._storage.written = True
         if self._storage.psum_state is not None:
             # A non-matmul write ends any accumulation group; nc_matmul re-marks its own.
             self._psum_state()[...] = PSUM_VALUE_WRITTEN
+
+    def _element_index(self, api: str, skip: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Storage element (in this dtype) of every element of an indirect view, and which
+        rows (dim 0) stay inside the allocation. Out-of-bounds rows raise unless ``skip``
+        (``oob_mode.skip``), where they are reported and their indices clipped."""
+        ind = self._indirect
+        shape = self.shape
+        index = np.full(shape, self.offset, dtype=np.int64)
+        for k, (n, step) in enumerate(zip(shape, self.strides)):
+            if ind.kind == "vector" and k == 0:
+                continue
+            axis = [1] * len(shape)
+            axis[k] = n
+            index += (np.arange(n, dtype=np.int64) * step).reshape(axis)
+        dynamic = ind.values(api)
+        if ind.kind == "vector":
+            index += (dynamic * ind.scale).reshape([shape[0]] + [1] * (len(shape) - 1))
+        else:
+            index += int(dynamic) * ind.scale
+        total = self._total_elems()
+        inside = (index >= 0) & (index < total)
+        if self.on_chip:  # the dynamic offset may not move an element to another partition
+            pstride = self._partition_stride()
+            static = np.full(shape, self.offset, dtype=np.int64)
+            if len(shape) > 0:
+                axis = [shape[0]] + [1] * (len(shape) - 1)
+                static += (np.arange(shape[0], dtype=np.int64) * self.strides[0]).reshape(axis)
+            inside &= index // pstride == static // pstride
+        rows = inside.reshape(shape[0], -1).all(axis=1)
+        if not rows.all():
+            bad = int(np.flatnonzero(~rows)[0])
+            if not skip:
+                what = f"vector_offset row {bad}" if ind.kind == "vector" else "scalar_offset"
+                value = int(dynamic[bad]) if ind.kind == "vector" else int(dynamic)
+                raise NkiValidationError(
+                    api,
+                    what,
+                    f"must address elements inside {self._storage.name!r} (oob_mode=error; "
+                    "oob_mode.skip skips such rows in nisa.dma_copy)",
+                    value,
+                )
+            index = np.clip(index, 0, total - 1)
+        return index, rows
+
+    def _scatter(self, values: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """Write ``values`` (storage dtype, this view's shape) through the indirection, only
+        the ``rows`` given (all by default); later duplicates win, as NumPy assigns."""
+        index, inside = self._element_index("indirect access", skip=rows is not None)
+        keep = inside if rows is None else (rows & inside)
+        self._flat()[index[keep]] = values[keep]
+        self._storage.written = True
 
     def _psum_state(self) -> np.ndarray:
         """Per-element PSUM state (unwritten / value-written / matmul-written) of this view."""
@@ -439,6 +546,8 @@ class NkiTensor(NKIObject):
         acc = self._acc
         if acc is not None:
             return acc
+        if self._indirect is not None:
+            return self._indirect_access()
         st = self._storage
         shape, strides = self.shape, self.strides
         item = dtypes.DTYPES[self.dtype].itemsize
@@ -489,6 +598,22 @@ class NkiTensor(NKIObject):
             inner_stride_bytes=abs(inner) * item,
         )
         return acc
+
+    def _indirect_access(self) -> Access:
+        """An indirect view's trace record: its static pattern's shape and runs, with the
+        byte range widened to what the dynamic offsets may reach (the whole allocation; on
+        chip, each partition's bytes), since the addresses are only known on the device."""
+        static = NkiTensor._make(
+            self._storage, self.shape, self.strides, self.offset, self.dtype, self.name
+        )
+        acc = static._access()
+        hi = (
+            self._storage.bytes_per_partition
+            if self.on_chip
+            else self._storage.size * (self._storage.itemsize)
+        )
+        self._acc = dataclasses.replace(acc, byte_lo=0, byte_hi=hi)
+        return self._acc
 
     # -- indexing ------------------------------------------------------------------
     def __getitem__(self, key) -> NkiTensor:
@@ -851,7 +976,20 @@ class NkiTensor(NKIObject):
         return self._derive(api, shape, strides, offset)
 
     def vector_select(self, dim, vector_offset):
-        raise not_implemented("NkiTensor.vector_select")
+        """Per-partition rows of an HBM tensor: row ``i`` of the result is row
+        ``vector_offset[i]`` of ``self`` along ``dim`` (which must be 0)."""
+        api = "NkiTensor.vector_select"
+        if dim != 0:
+            raise NkiValidationError(api, "dim", "must be 0", dim, limit=0)
+        if not self.buffer.is_hbm:
+            raise NkiValidationError(api, "self", "must be an HBM tensor", self.buffer.value)
+        if not isinstance(vector_offset, NkiTensor):
+            raise NkiValidationError(
+                api, "vector_offset", "must be an SBUF tensor", type(vector_offset).__name__
+            )
+        pattern = [[self.strides[0], vector_offset.shape[0]]]
+        pattern += [[s, n] for n, s in zip(self.shape[1:], self.strides[1:])]
+        return self.ap(pattern, vector_offset=vector_offset, indirect_dim=0)
 
     def indirect(self, index, num_elem=None):
         raise not_implemented("NkiTensor.indirect")
@@ -874,8 +1012,10 @@ class NkiTensor(NKIObject):
         With ``dtype``, the base offset, pattern and ``offset`` count elements of that dtype.
         """
         api = "NkiTensor.ap"
-        if scalar_offset is not None or vector_offset is not None:
-            raise not_implemented("NkiTensor.ap with scalar_offset/vector_offset (indirect access)")
+        if self._indirect is not None:
+            raise NkiValidationError(
+                api, "self", "must not already be an indirect view (no re-indirection)", repr(self)
+            )
         view_dtype = dtypes.normalize(dtype, api) if dtype is not None else self.dtype
         pairs = []
         try:
@@ -914,8 +1054,115 @@ class NkiTensor(NKIObject):
         view = NkiTensor._make(
             self._storage, [n for _, n in pairs], [s for s, _ in pairs], new_offset, view_dtype
         )
-        view._check_bounds(api)
+        if scalar_offset is None and vector_offset is None:
+            view._check_bounds(api)
+            return view
+        indirection = self._indirection(api, pairs, scalar_offset, vector_offset, indirect_dim)
+        if indirection.kind == "vector":  # dim 0 is dynamic: check one row statically
+            probe = NkiTensor._make(
+                self._storage, [1, *view.shape[1:]], view.strides, new_offset, view_dtype
+            )
+            probe._check_bounds(api)
+        else:
+            view._check_bounds(api)
+        view._indirect = indirection
         return view
+
+    def _indirection(self, api, pairs, scalar_offset, vector_offset, indirect_dim) -> Indirection:
+        """The checked dynamic offset of ``.ap()`` (nki/api/nki/isa ``dma_copy``, "Indirect
+        addressing"; ``fori_loop``'s ``scalar_offset=i``)."""
+        from neuron_kernels.interpreter.registers import VirtualRegister
+
+        if scalar_offset is not None and vector_offset is not None:
+            raise NkiValidationError(
+                api, "vector_offset", "and scalar_offset are mutually exclusive", "both given"
+            )
+        if not _is_int(indirect_dim) or not 0 <= indirect_dim < self.ndim:
+            raise NkiValidationError(
+                api,
+                "indirect_dim",
+                f"must be a dim of self.shape (0..{self.ndim - 1})",
+                indirect_dim,
+            )
+        scale = self.strides[int(indirect_dim)]
+        if self.buffer is MemoryRegion.psum:
+            raise NkiValidationError(
+                api,
+                "self",
+                "must be in HBM or SBUF for indirect access (the docs define "
+                "no dynamic PSUM addressing)",
+                "psum",
+            )
+        if vector_offset is not None:
+            idx = vector_offset
+            if not isinstance(idx, NkiTensor) or idx.buffer is not MemoryRegion.sbuf:
+                raise NkiValidationError(
+                    api,
+                    "vector_offset",
+                    "must be an SBUF tensor of row indices",
+                    getattr(idx, "buffer", type(idx).__name__),
+                )
+            if dtypes.info(idx.dtype).kind not in ("int", "uint") or idx.itemsize > 4:
+                raise NkiValidationError(
+                    api, "vector_offset dtype", "must be a 32-bit or narrower integer", idx.dtype
+                )
+            if idx.ndim != 2:
+                raise NkiValidationError(
+                    api, "vector_offset", "must be 2-D (P, 1) or (P, N)", idx.shape
+                )
+            if self.buffer.is_hbm is False:
+                raise NkiValidationError(
+                    api,
+                    "self",
+                    "must be in HBM for vector_offset (vector indirection)",
+                    self.buffer.value,
+                )
+            if indirect_dim != 0:
+                raise NkiValidationError(
+                    api,
+                    "indirect_dim",
+                    "must be 0 with vector_offset (the only form the docs define)",
+                    indirect_dim,
+                )
+            if pairs[0][1] > idx.size:
+                raise NkiValidationError(
+                    api,
+                    "pattern[0] count",
+                    f"must not exceed the {idx.size} indices of vector_offset",
+                    pairs[0][1],
+                    limit=idx.size,
+                )
+            return Indirection("vector", idx, scale)
+        reg = scalar_offset
+        if isinstance(reg, VirtualRegister):
+            return Indirection("scalar", reg, scale)
+        if isinstance(reg, NkiTensor):
+            if reg.buffer is not MemoryRegion.sbuf or reg.size != 1:
+                raise NkiValidationError(
+                    api,
+                    "scalar_offset",
+                    "must be a 1x1 SBUF tensor or a VirtualRegister",
+                    f"{reg.buffer.value} {reg.shape}",
+                )
+            if dtypes.info(reg.dtype).kind not in ("int", "uint") or reg.itemsize > 4:
+                raise NkiValidationError(
+                    api, "scalar_offset dtype", "must be a 32-bit or narrower integer", reg.dtype
+                )
+            if self.on_chip and indirect_dim == 0:
+                raise NkiValidationError(
+                    api,
+                    "indirect_dim",
+                    "must be a free dim on SBUF: the docs do not define a dynamic partition offset",
+                    indirect_dim,
+                )
+            return Indirection("scalar", reg, scale)
+        raise NkiValidationError(
+            api,
+            "scalar_offset",
+            "must be a 1x1 SBUF tensor or a VirtualRegister",
+            type(reg).__name__,
+            hint="a compile-time offset is offset=<int>",
+        )
 
     def _check_reinterpret(self, api, new_dtype) -> None:
         """Bit reinterpretation needs bit-exact storage: not available for low-precision
@@ -990,7 +1237,7 @@ class NkiTensor(NKIObject):
         return [[s, n] for n, s in zip(self.shape, self.strides)]
 
     def is_indirect(self) -> bool:
-        return False
+        return self._indirect is not None
 
 
 # -- helpers -----------------------------------------------------------------------

@@ -26,6 +26,16 @@ PSUM = (MemoryRegion.psum,)
 ON_CHIP = (MemoryRegion.sbuf, MemoryRegion.psum)
 HBM_OR_SBUF = (MemoryRegion.private_hbm, MemoryRegion.shared_hbm, MemoryRegion.sbuf)
 
+# Instructions whose docs define indirect (.ap(vector_offset= / scalar_offset=)) operands:
+# nki/api/nki/isa dma_copy ("Indirect addressing"), dma_transpose ("DMA Indirect Transpose"),
+# and tensor_copy with scalar_offset (nki/migration/index.rst, the replacement of
+# tensor_copy_dynamic_src/dst).
+INDIRECT_OPERANDS = {
+    "nisa.dma_copy": ("vector", "scalar"),
+    "nisa.dma_transpose": ("vector",),
+    "nisa.tensor_copy": ("scalar",),
+}
+
 ENGINE_NAME = {
     Engine.tensor: "tensor",
     Engine.vector: "vector",
@@ -90,6 +100,16 @@ class OperandChecks:
     def tensor(self, arg: str, t) -> NkiTensor:
         if not isinstance(t, NkiTensor):
             self.fail(arg, "must be an NkiTensor", type(t).__name__)
+        if t._indirect is not None:
+            kinds = INDIRECT_OPERANDS.get(self.api, ())
+            if t._indirect.kind not in kinds:
+                self.fail(
+                    arg,
+                    "must not be an indirect view here: the docs define .ap(vector_offset=) "
+                    "operands for nisa.dma_copy / nisa.dma_transpose and .ap(scalar_offset=) "
+                    "for those and nisa.tensor_copy",
+                    f"{t._indirect.kind}_offset view",
+                )
         return t
 
     def buffer(self, arg: str, t: NkiTensor, allowed, why: str = "") -> None:
@@ -282,6 +302,14 @@ class OperandChecks:
         return bool(v)
 
     def record(self, engine: str, reads, writes, name=None, **attrs) -> NkiInstruction:
+        indexes = [
+            t._indirect.source
+            for t in (*reads, *writes)
+            if t._indirect is not None and isinstance(t._indirect.source, NkiTensor)
+        ]
+        if indexes:  # the instruction reads its index tensors too (a dependency)
+            reads = [*reads, *indexes]
+            attrs["indirect"] = True
         return NkiInstruction(self.sim.record(self.api, engine, reads, writes, name, **attrs))
 
 

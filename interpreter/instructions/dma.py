@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.enums import dge_mode as DgeMode
 from neuron_kernels.interpreter.enums import engine as Engine
 from neuron_kernels.interpreter.enums import oob_mode as OobMode
@@ -59,10 +60,22 @@ def dma_copy(
     _priority(check, priority)
     if not isinstance(oob_mode, OobMode):
         check.fail("oob_mode", "must be an nisa.oob_mode member", repr(oob_mode))
-    if oob_mode is OobMode.skip:
+    indirect = src.is_indirect() or dst.is_indirect()
+    if oob_mode is OobMode.skip and not indirect:
         check.fail(
             "oob_mode", "skip is only valid with indirect (vector/scalar offset) access", "skip"
         )
+    if (
+        indirect
+        and mode == "hwdge"
+        and (
+            src.is_indirect()
+            and src._indirect.kind == "vector"
+            or dst.is_indirect()
+            and dst._indirect.kind == "vector"
+        )
+    ):
+        check.fail("dge_mode", "must not be hwdge for a gather/scatter (swdge performs them)", mode)
     if not isinstance(engine, Engine):
         check.fail("engine", "must be an nisa.engine member", repr(engine))
     if engine is not Engine.unknown:
@@ -87,7 +100,9 @@ def dma_copy(
     for arg, t in (("dst", dst), ("src", src)):
         if t.on_chip:
             check.partitions(arg, t)
-    if dst.dtype == src.dtype:
+    if indirect and check.compute:
+        _indirect_copy(check, dst, src, oob_mode is OobMode.skip)
+    elif dst.dtype == src.dtype:
         dst._copy_raw_from(src)
     else:  # src -> fp32 -> dst, one rounding into dst.dtype
         dst._write(src._read_f32() if check.compute else None)
@@ -102,7 +117,72 @@ def dma_copy(
     )
 
 
+def _indirect_copy(check: OperandChecks, dst, src, skip: bool) -> None:
+    """A gather and/or scatter: out-of-bounds rows raise, or with ``skip`` leave their
+    destination rows untouched (rows pair up along dim 0 of both sides)."""
+    api = check.api
+    keep = None
+    if skip:
+        if src.shape[0] != dst.shape[0]:
+            check.fail(
+                "dst.shape[0]",
+                f"must equal src.shape[0] ({src.shape[0]}) with oob_mode.skip (rows pair up)",
+                dst.shape[0],
+            )
+        keep = np.ones(src.shape[0], dtype=bool)
+        for t in (src, dst):
+            if t.is_indirect():
+                keep &= t._element_index(api, skip=True)[1]
+    else:  # raise naming this instruction before anything is written
+        for t in (src, dst):
+            if t.is_indirect():
+                t._element_index(api)
+    if src.is_indirect():  # clipped indices on skipped rows: read, then not written
+        values = src._flat()[src._element_index(api, skip=skip)[0]]
+    else:
+        values = src._array()
+    if dst.dtype != src.dtype:
+        values = dtypes.convert(values.astype(np.float32), dst.dtype, dst._storage.precise_fp)
+    values = values.reshape(dst.shape)
+    if dst.is_indirect():
+        dst._scatter(values, keep)
+    elif keep is None:
+        dst._write(values, raw=True)
+    else:
+        rows = dst._array()
+        rows[keep] = values[keep]
+        dst._storage.written = True
+
+
 _TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def _check_gather_transpose(check: OperandChecks, src, mode: str) -> None:
+    """The "DMA Indirect Transpose Constraints" of nki/api/nki/isa ``dma_transpose``."""
+    idx = src._indirect.source
+    if mode not in ("unknown", "swdge"):
+        check.fail("dge_mode", "must be unknown or swdge for a gather-transpose", mode)
+    if not check.target.has_dma_transpose:
+        check.fail("target", "must be NeuronCore-v3 or newer (gather-transpose)", check.target.name)
+    if src.ndim == 4 and 1 not in (src.shape[1], src.shape[2]):
+        check.fail("src.shape[1:3]", "must have a 1 for a 4-D gather-transpose", src.shape[1:3])
+    if idx.dtype != "uint32":
+        check.fail("vector_offset dtype", "must be uint32 for a gather-transpose", idx.dtype)
+    if idx.shape[0] % 16 or not 16 <= idx.shape[0] <= 128:
+        check.fail(
+            "vector_offset.shape[0]", "must be in [16, 128] and divisible by 16", idx.shape[0]
+        )
+    if idx.shape[1] > 1 and idx.shape[0] != 128:
+        check.fail(
+            "vector_offset.shape[0]",
+            "must be 128 when vector_offset has several columns",
+            idx.shape[0],
+            limit=128,
+        )
+    if src.shape[0] % 16:
+        check.fail("src.shape[0]", "must be divisible by 16 for a gather-transpose", src.shape[0])
+    if src.itemsize != 2:
+        check.fail("src dtype", "must be a 2-byte dtype for a gather-transpose", src.dtype)
 
 
 def dma_transpose(
@@ -120,11 +200,20 @@ def dma_transpose(
     check.buffer("dst", dst, SBUF)
     check.buffer("src", src, HBM_OR_SBUF, _NO_PSUM)
     mode = _dge(check, dge_mode)
-    if mode not in ("unknown", "hwdge"):
+    gather = src.is_indirect()
+    if gather:
+        _check_gather_transpose(check, src, mode)
+    elif mode not in ("unknown", "hwdge"):
         check.fail("dge_mode", "must be unknown or hwdge for a direct transpose", mode)
     _priority(check, priority)
     if not isinstance(oob_mode, OobMode):
         check.fail("oob_mode", "must be an nisa.oob_mode member", repr(oob_mode))
+    if oob_mode is OobMode.skip and gather:
+        check.fail(
+            "oob_mode",
+            "skip with a gather-transpose: the docs do not say what the skipped rows hold",
+            "skip",
+        )
     if oob_mode is OobMode.skip:
         check.fail(
             "oob_mode",

@@ -557,8 +557,8 @@ def test_ap_rules(where, make, arg):
     assert (err.op, err.arg) == ("NkiTensor.ap", arg)
 
 
-def test_ap_indirect_not_implemented():
-    with pytest.raises(NotImplementedByInterpreter, match="indirect"):
+def test_ap_vector_offset_must_be_an_sbuf_index():  # the working forms: test_indirect.py
+    with pytest.raises(NkiValidationError, match="SBUF tensor of row indices"):
         view_of(arange((4, 4)), HBM, lambda t: t.ap([[4, 4], [1, 4]], vector_offset=t))
 
 
