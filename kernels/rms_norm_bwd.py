@@ -92,7 +92,7 @@ def plan(problem: dict, dtype: str, config: RmsNormBwdConfig, target: Target) ->
     """
     rows, h, mode = problem["rows"], problem["h"], problem.get("casting_mode", "llama")
     item = ITEMSIZE[dtype]
-    w_item = 4 if mode == "gemma" else item
+    w_item = 4  # offset + w stays fp32: g = dy * (offset + w) has no low-precision step
     chunk = min(config.h_chunk, h)
     n_chunks = ceil_div(h, chunk)
     g = config.rows_per_partition
