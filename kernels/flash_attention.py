@@ -231,7 +231,7 @@ class FlashAttentionConfig(TunableConfig):
     )
     kv_block: int = tunable(
         4096,
-        (512, 4096, 8192),
+        (512, 4096),
         "modeled: K/V of a 4096-token head stay resident, loaded once per KV head",
     )
     load_transpose: str = tunable(
@@ -246,9 +246,10 @@ class FlashAttentionConfig(TunableConfig):
         "modeled: VectorE also takes the row max and rescales; ScalarE takes half the copies",
     )
     q_group: int = tunable(
-        4,
-        (1, 4),
-        "modeled: four query tiles in lockstep keep the in-order engines busy",
+        2,
+        (1, 2, 4),
+        "modeled: 28% of TensorE peak at 4096 vs 12% (1); 4 needs 10 PSUM banks with the "
+        "key-tile pipeline",
     )
 
 
@@ -336,8 +337,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     step += 2 * d * 4 + 8 * 4  # O accumulators (old and new) and the [q, 1] columns
     per_tile = d_tiles * q_tile * item + 2 * step + d * item  # + the output rows
     sbuf += config.q_group * per_tile
-    # Scores of every tile in the group (or their P V sums), plus the transposes' banks.
-    banks = config.q_group + (config.p_transpose == "pe") + (config.load_transpose == "pe")
+    # Per tile of the group: its next key tile's scores (issued ahead) and this key tile's
+    # P V sums; plus the transposes' banks.
+    banks = 2 * config.q_group + (config.p_transpose == "pe") + (config.load_transpose == "pe")
     return FlashAttentionPlan(
         b=b,
         h=h,
@@ -504,7 +506,7 @@ def _open_query_tile(q, b, h, q0, plan):
     k_end = min(plan.sk, q0 + qs + offset) if plan.causal else plan.sk
     n_dead = min(qs, max(0, -(q0 + offset))) if plan.causal else 0
     state = {"h": h, "q0": q0, "qs": qs, "k_end": k_end, "n_dead": n_dead, "q_t": None}
-    state.update(neg_max=None, row_sum=None, o_acc=None)
+    state.update(neg_max=None, latest_max=None, row_sum=None, o_acc=None)
     if k_end > 0:
         q_t = nl.ndarray(
             (min(plan.d_tile, plan.d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
@@ -514,50 +516,59 @@ def _open_query_tile(q, b, h, q0, plan):
     return state
 
 
-def _step(states, kt, vb, r0, kk0, q_dtype, plan):
-    """One key tile (keys ``r0 + kk0 ..``) for every query tile in ``states`` that sees it,
-    issued stage by stage across the tiles: each engine runs in program order, so one
-    tile's chain (QK^T -> max -> exp -> P^T -> P V -> rescale) waits while the engine
-    does the other tiles' independent work."""
+def _front(states, kt, r0, kk0, plan):
+    """The first half of one key tile (keys ``r0 + kk0 ..``) for every query tile in
+    ``states`` that sees it: scores on TensorE, their row max and the new running max on
+    VectorE. Returns the per-tile records the second half (:func:`_back`) consumes."""
     k0 = r0 + kk0
     work = []
     for s in states:
         if k0 < s["k_end"]:
             ks = min(plan.k_tile, plan.kv_block - kk0, plan.sk - k0, s["k_end"] - k0)
-            work.append((s, ks))
-    for s, ks in work:
-        _scores_and_max(s, ks, kt, kk0, k0, plan)
-        _running_max(s)
-    for s, ks in work:
-        _exponentiate(s, ks, q_dtype)
+            work.append({"s": s, "ks": ks, "kk0": kk0})
+    for r in work:
+        _scores_and_max(r, kt, k0, plan)
+        _running_max(r)
+    return work
+
+
+def _back(work, vb, q_dtype, plan):
+    """The second half of one key tile: exp on ScalarE, P^T and P V on TensorE, the fold
+    into the running sum and accumulator. Issued stage by stage across the tiles: each
+    engine runs in program order, so one tile's chain waits while the engine does the
+    other tiles' independent work."""
+    for r in work:
+        _exponentiate(r, q_dtype)
     # P^T of tile i is transposed while tile i - 1's is evacuated and multiplied with V,
     # so TensorE does not wait on the copy it just fed.
     for i in range(len(work) + 1):
         if i < len(work):
-            s, ks = work[i]
-            s["p_t"] = _transpose_p(s["p"], s["qs"], ks, plan)
+            r = work[i]
+            r["p_t"] = _transpose_p(r["p"], r["s"]["qs"], r["ks"], plan)
         if i >= 1:
-            _multiply_v(*work[i - 1], vb, kk0, q_dtype, plan)
-    for s, ks in work:
-        _fold(s, plan)
+            _multiply_v(work[i - 1], vb, q_dtype, plan)
+    for r in work:
+        _fold(r, plan)
 
 
-def _scores_and_max(s, ks, kt, kk0, k0, plan):
+def _scores_and_max(r, kt, k0, plan):
     """Scores on TensorE (masked on VectorE/GpSimd where the causal diagonal crosses) and
     their row max (or min, for a negative scale) on VectorE."""
+    s, ks, kk0 = r["s"], r["ks"], r["kk0"]
     qs = s["qs"]
     src, act_scale = _score_tile(s["q_t"], kt, qs, kk0, ks, s["q0"], k0, plan)
     ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
     # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
     nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
-    s.update(src=src, act_scale=act_scale, ext=ext)
+    r.update(src=src, act_scale=act_scale, ext=ext)
 
 
-def _running_max(s):
+def _running_max(r):
     """The running max, negated: -max(m_old, act_scale * tile max)."""
-    qs, ext, act_scale = s["qs"], s["ext"], s["act_scale"]
+    s = r["s"]
+    qs, ext, act_scale, prev = s["qs"], r["ext"], r["act_scale"], s["latest_max"]
     new_neg_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_m")
-    if s["neg_max"] is None:
+    if prev is None:
         nisa.tensor_scalar(dst=new_neg_max, data=ext, op0=nl.multiply, operand0=-act_scale)
     else:  # -max(m_old, m_tile) = min(-m_old, -m_tile)
         nisa.tensor_scalar(
@@ -566,38 +577,41 @@ def _running_max(s):
             op0=nl.multiply,
             operand0=-act_scale,
             op1=nl.minimum,
-            operand1=s["neg_max"],
+            operand1=prev,
         )
-    s["new_neg_max"] = new_neg_max
+    # The key tile's own max; the next tile's front half (issued before this tile's back
+    # half) starts from it.
+    r.update(prev=prev, new_neg_max=new_neg_max)
+    s["latest_max"] = new_neg_max
 
 
-def _exponentiate(s, ks, q_dtype):
+def _exponentiate(r, q_dtype):
     """P = exp(scale * S - m_new) on ScalarE, summed per row by its accumulator; and
     alpha = exp(m_old - m_new), which rescales the running sum and accumulator."""
-    qs = s["qs"]
+    qs, ks = r["s"]["qs"], r["ks"]
     p_sb = nl.ndarray((qs, ks), dtype=q_dtype, buffer=nl.sbuf, name="p")
     tile_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_sum")
     nisa.activation(
         dst=p_sb,
         op=nl.exp,
-        data=s["src"],
-        bias=s["new_neg_max"],
-        scale=s["act_scale"],
+        data=r["src"],
+        bias=r["new_neg_max"],
+        scale=r["act_scale"],
         reduce_op=nl.add,
         reduce_res=tile_sum,
         reduce_cmd=nisa.reduce_cmd.reset_reduce,
     )
-    s.update(p=p_sb, tile_sum=tile_sum)
-    if s["neg_max"] is not None:
+    r.update(p=p_sb, tile_sum=tile_sum)
+    if r["prev"] is not None:
         alpha = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="alpha")
-        nisa.activation(dst=alpha, op=nl.exp, data=s["neg_max"], bias=s["new_neg_max"], scale=-1.0)
-        s["alpha"] = alpha
+        nisa.activation(dst=alpha, op=nl.exp, data=r["prev"], bias=r["new_neg_max"], scale=-1.0)
+        r["alpha"] = alpha
 
 
-def _multiply_v(s, ks, vb, kk0, q_dtype, plan):
+def _multiply_v(r, vb, q_dtype, plan):
     """P^T to SBUF, then O_tile = P V on TensorE, 128 keys per matmul, into PSUM."""
-    qs, d = s["qs"], plan.d
-    p_t = _evacuate_p(s["p_t"], qs, ks, q_dtype, plan)
+    qs, d, ks, kk0 = r["s"]["qs"], plan.d, r["ks"], r["kk0"]
+    p_t = _evacuate_p(r["p_t"], qs, ks, q_dtype, plan)
     o_ps = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.psum, name="o_psum")
     for c in range((ks + plan.d_tile - 1) // plan.d_tile):
         cs = min(plan.d_tile, ks - c * plan.d_tile)
@@ -607,16 +621,17 @@ def _multiply_v(s, ks, vb, kk0, q_dtype, plan):
             moving=vb[0:cs, (kk0 + c * plan.d_tile) // plan.d_tile, 0:d],
             accumulate=c > 0,
         )
-    s["o_ps"] = o_ps
+    r["o_ps"] = o_ps
 
 
-def _fold(s, plan):
+def _fold(r, plan):
     """The tile into the running sum and accumulator: O_old * alpha on ScalarE, + P V
     from PSUM on VectorE (which also takes the row max, the busiest engine)."""
-    qs, d, o_ps = s["qs"], plan.d, s["o_ps"]
+    s = r["s"]
+    qs, d, o_ps = s["qs"], plan.d, r["o_ps"]
     new_acc = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.sbuf, name="o_acc")
-    if s["neg_max"] is None:
-        s["row_sum"] = s["tile_sum"]
+    if r["prev"] is None:
+        s["row_sum"] = r["tile_sum"]
         nisa.tensor_copy(dst=new_acc, src=o_ps)
     else:
         new_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="l")
@@ -624,15 +639,15 @@ def _fold(s, plan):
             dst=new_sum,
             data=s["row_sum"],
             op0=nl.multiply,
-            operand0=s["alpha"],
+            operand0=r["alpha"],
             op1=nl.add,
-            operand1=s["tile_sum"],
+            operand1=r["tile_sum"],
         )
         scaled = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.sbuf, name="o_scaled")
-        nisa.activation(dst=scaled, op=nl.copy, data=s["o_acc"], scale=s["alpha"])
+        nisa.activation(dst=scaled, op=nl.copy, data=s["o_acc"], scale=r["alpha"])
         nisa.tensor_tensor(dst=new_acc, data1=o_ps, data2=scaled, op=nl.add)
         s["row_sum"] = new_sum
-    s["neg_max"], s["o_acc"] = s["new_neg_max"], new_acc
+    s["neg_max"], s["o_acc"] = r["new_neg_max"], new_acc
 
 
 def _close_query_tile(s, out, lse, b, plan):
@@ -664,12 +679,25 @@ def _attend_group(q, k, v, out, lse, kv, b, kvh, tiles, plan):
     over the key tiles any of them sees."""
     states = [_open_query_tile(q, b, h, q0, plan) for h, q0 in tiles]
     k_end = max(s["k_end"] for s in states)
-    for blk in range((k_end + plan.kv_block - 1) // plan.kv_block if k_end > 0 else 0):
-        r0 = blk * plan.kv_block
-        rows = min(plan.kv_block, plan.sk - r0)
-        kt, vb = kv if kv is not None else _load_kv_block(k, v, b, kvh, r0, rows, plan)
-        for kk0 in range(0, min(rows, k_end - r0), plan.k_tile):
-            _step(states, kt, vb, r0, kk0, q.dtype, plan)
+
+    def key_tiles():
+        for blk in range((k_end + plan.kv_block - 1) // plan.kv_block if k_end > 0 else 0):
+            r0 = blk * plan.kv_block
+            rows = min(plan.kv_block, plan.sk - r0)
+            kt, vb = kv if kv is not None else _load_kv_block(k, v, b, kvh, r0, rows, plan)
+            for kk0 in range(0, min(rows, k_end - r0), plan.k_tile):
+                yield kt, vb, r0, kk0
+
+    # Software pipeline over key tiles: the next tile's scores and max are issued before
+    # this tile's exp, P V and fold, so TensorE and VectorE never wait on this tile's chain.
+    pending = None
+    for kt, vb, r0, kk0 in key_tiles():
+        work = _front(states, kt, r0, kk0, plan)
+        if pending is not None:
+            _back(*pending, q.dtype, plan)
+        pending = (work, vb)
+    if pending is not None:
+        _back(*pending, q.dtype, plan)
     for s in states:
         _close_query_tile(s, out, lse, b, plan)
 

@@ -238,3 +238,12 @@ def test_lse_layout_is_the_backwards():
     out, lse = torch.ops.neuron.flash_attention_fwd(q, k, v, True)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     assert lse.dtype == torch.float32 and lse.shape == (2, 4, 33)
+
+
+def test_check_rejects_a_config_over_the_psum_budget():
+    """Four query tiles in lockstep with the key-tile pipeline hold 2 banks each plus the
+    transposes': more than the 8 banks, refused before any kernel runs."""
+    config = fa.FlashAttentionConfig(q_group=4)
+    with pytest.raises(fa.LimitError) as err:
+        FWD.check(FWD.test_problems["probe"], "bfloat16", config, "trn2")
+    assert err.value.arg == "PSUM banks" and err.value.value == 10
