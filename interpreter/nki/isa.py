@@ -20,6 +20,7 @@ from neuron_kernels.interpreter.enums import (
 from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.errors import not_implemented as _not_implemented
 from neuron_kernels.interpreter.instructions._common import NkiInstruction
+from neuron_kernels.interpreter.instructions.activate2 import activate2
 from neuron_kernels.interpreter.instructions.dma import dma_copy, dma_transpose
 from neuron_kernels.interpreter.instructions.gpsimd import (
     affine_select,
@@ -27,6 +28,7 @@ from neuron_kernels.interpreter.instructions.gpsimd import (
     tensor_partition_reduce,
 )
 from neuron_kernels.interpreter.instructions.scalar import activation, activation_reduce
+from neuron_kernels.interpreter.instructions.search import nc_find_index8, nonzero_with_count
 from neuron_kernels.interpreter.instructions.tensor_engine import nc_matmul, nc_transpose
 from neuron_kernels.interpreter.instructions.vector import (
     bn_aggr,
@@ -112,6 +114,9 @@ __all__ = [
     "max8",
     "range_select",
     "select_reduce",
+    "activate2",
+    "nc_find_index8",
+    "nonzero_with_count",
     "VirtualRegister",
     "register_alloc",
     "register_move",
@@ -122,7 +127,6 @@ __all__ = [
 # APIs of NKI 0.6 the interpreter does not implement (they raise NotImplementedError).
 _KNOWN = {
     "nc_matmul_mx",
-    "activate2",
     "local_gather",
     "nc_n_gather",
     "nc_stream_shuffle",
@@ -137,9 +141,7 @@ _KNOWN = {
     "dma_compute",
     "quantize_mx",
     "sendrecv",
-    "nc_find_index8",
     "nc_match_replace8",
-    "nonzero_with_count",
     "topk",
 }
 
