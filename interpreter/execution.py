@@ -45,6 +45,7 @@ class Kernel:
         self.fn = fn
         self.grid = grid
         self.options = options
+        self.schedule: tuple[tuple[str, tuple[str, ...]], ...] = ()
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid) -> Kernel:
@@ -52,7 +53,32 @@ class Kernel:
         for g in grid:
             if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
                 raise NkiValidationError("nki.jit", "launch grid", "must be positive ints", grid)
-        return Kernel(self.fn, tuple(int(g) for g in grid), **self.options)
+        k = Kernel(self.fn, tuple(int(g) for g in grid), **self.options)
+        k.schedule = self.schedule
+        return k
+
+    def with_schedule(self, edges) -> Kernel:
+        """This kernel with extra scheduling edges (nki/guides/how-to-scheduling-apis.rst):
+        pairs ``(consumer, producer)`` or ``(consumer, [producers])`` of instruction names.
+        They are checked at each run (every name must label an instruction of the kernel)
+        and become ``depends_on`` edges of the trace, which the cost model schedules."""
+        api = "Kernel.with_schedule"
+        parsed = []
+        if isinstance(edges, (str, bytes)) or not hasattr(edges, "__iter__"):
+            raise NkiValidationError(api, "edges", "must be a list of (name, name(s)) pairs", edges)
+        for pair in edges:
+            ok = isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)
+            producers = pair[1] if ok else None
+            if ok and isinstance(producers, str):
+                producers = [producers]
+            if not ok or not producers or not all(isinstance(n, str) for n in producers):
+                raise NkiValidationError(
+                    api, "edge", "must be (consumer name, producer name or list of names)", pair
+                )
+            parsed.append((pair[0], tuple(producers)))
+        k = Kernel(self.fn, self.grid, **self.options)
+        k.schedule = self.schedule + tuple(parsed)
+        return k
 
     def __call__(self, *args, **kwargs):
         return run(self, args, kwargs).outputs
@@ -165,9 +191,11 @@ def run(
     ids = list(itertools.product(*(range(g) for g in grid))) if grid else [()]
     for pid in ids:
         sim = ProgramInstance(launch, program_id=pid)
+        first = len(launch.trace.instructions)
         with activate(sim), rebound_to_interpreter(kernel.fn):
             result = body(*dev_args, **dev_kwargs)
         _check_outputs(result)
+        _apply_schedule(kernel.schedule, launch.trace.instructions[first:])
         peaks.append(check_capacity(sim))
 
     if compute:  # without arithmetic the values are meaningless: leave the inputs alone
@@ -176,6 +204,29 @@ def run(
                 _write_back(value, t)
     outputs = _convert_outputs(result, framework)
     return Run(outputs=outputs, trace=launch.trace, target=tgt, grid=grid, memory=peaks)
+
+
+def _apply_schedule(schedule, instructions) -> None:
+    """``with_schedule`` edges of one program instance as ``depends_on`` edges."""
+    if not schedule:
+        return
+    by_name: dict[str, list[int]] = {}
+    for ins in instructions:
+        if ins.name is not None:
+            by_name.setdefault(ins.name, []).append(ins.index)
+    by_index = {ins.index: ins for ins in instructions}
+    for consumer, producers in schedule:
+        for label in (consumer, *producers):
+            if label not in by_name:
+                raise NkiValidationError(
+                    "Kernel.with_schedule",
+                    f"instruction name {label!r}",
+                    "must name an instruction of the kernel (name=...)",
+                    sorted(by_name),
+                )
+        for c in by_name[consumer]:
+            for producer in producers:
+                by_index[c].depends_on.extend(i for i in by_name[producer] if i != c)
 
 
 def _resolve_target(target) -> Target:
