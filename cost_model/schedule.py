@@ -58,6 +58,44 @@ __all__ = [
 # and modeled perf_results entries store it).
 MODEL_VERSION = COST_MODEL_VERSION
 
+# Every instruction the interpreter traces and the rule that prices it. A new instruction is
+# added here with its rule (tests/cost_model/test_cost_branches.py walks nki.isa and fails on
+# a missing entry), so nothing falls back to a default cost unnoticed. "one pass": the
+# operand's free size in cycles, the one-input rule ([arch-v2]; [isa-old]; [arch-v3]) [U].
+COST_RULES = {
+    **dict.fromkeys(("dma_copy", "dma_transpose"), "DMA: bytes over queues and engines"),
+    **dict.fromkeys(("nc_matmul", "nc_transpose"), "TensorE: _tensor_cost"),
+    **dict.fromkeys(
+        ("tensor_copy", "tensor_scalar", "iota", "memset", "activation"),
+        "free size; 2x/4x DVE perf mode for 2-byte copies and tensor_scalar",
+    ),
+    "tensor_tensor": "2N, N with a PSUM input or the 2-byte perf mode",
+    "tensor_reduce": "source free size, half for 2-byte add/max",
+    "tensor_scalar_reduce": "N + MIN_II",
+    **dict.fromkeys(("scalar_tensor_tensor", "tensor_tensor_scan"), "2N"),
+    "reciprocal": "8N",
+    "bn_stats": "source free size",
+    "bn_aggr": "13/3 of the source free size",
+    "tensor_copy_predicated": "2N with two SBUF inputs, else N",
+    "exponential": "N/4 (NC-v4)",
+    "activation_reduce": "ScalarE: free size + reduce cycles, table switches",
+    "activate2": "ScalarE: as activation (free size, reduce cycles, table switches)",
+    **dict.fromkeys(
+        (
+            "range_select",
+            "max8",
+            "select_reduce",
+            "tensor_scalar_cumulative",
+            "affine_select",
+            "tensor_partition_reduce",
+            "nc_find_index8",
+            "nonzero_with_count",
+        ),
+        "one pass",
+    ),
+    **dict.fromkeys(("register_load", "register_store"), "sync engine: one minimal instruction"),
+}
+
 # The one list of modeled lanes: compute engines and the DGE queues they drive, then DMA.
 COMPUTE_UNITS = {"tensor": "pe", "vector": "dve", "scalar": "act", "gpsimd": "pool", "sync": "sp"}
 ENGINE_OF_LANE = {lane: engine for engine, lane in COMPUTE_UNITS.items()}
