@@ -433,7 +433,10 @@ def main(args) -> int:
         batch = _int("--batch-size", args.batch_size)
         seq = _int("--seq-len", args.seq_len)
         train = load_example()
-        device = train.resolve_device(args.device)
+        try:
+            device = train.resolve_device(args.device)
+        except SystemExit as exc:  # the example's own one-line refusal
+            raise UsageError("--device", args.device, str(exc.code)) from None
         title = f"Llama example (examples/llama), {steps} steps, seed {seed}, device {device}"
         common = dict(steps=steps, seed=seed, device=device, batch_size=batch, seq_len=seq)
         reference = run_example(kernels=False, **common)

@@ -202,6 +202,7 @@ def test_tolerance_is_required(capsys):
         (["--tolerance", "1e-3", "--script", "no_such_script.py"], "--script"),
         (["--tolerance", "1e-3", "--json", "/no/such/folder/p.json"], "--json"),
         (["--tolerance", "1e-3", "--", "--epochs", "1"], "only for --script"),
+        (["--tolerance", "1e-3", "--device", "quantum"], "--device quantum"),
     ],
 )
 def test_bad_input_is_one_line(argv, names, capsys):
