@@ -27,6 +27,7 @@ from neuron_kernels.interpreter.instructions.gpsimd import (
     iota,
     tensor_partition_reduce,
 )
+from neuron_kernels.interpreter.instructions.mx import nc_matmul_mx, quantize_mx
 from neuron_kernels.interpreter.instructions.scalar import activation, activation_reduce
 from neuron_kernels.interpreter.instructions.search import nc_find_index8, nonzero_with_count
 from neuron_kernels.interpreter.instructions.tensor_engine import nc_matmul, nc_transpose
@@ -115,6 +116,8 @@ __all__ = [
     "range_select",
     "select_reduce",
     "activate2",
+    "quantize_mx",
+    "nc_matmul_mx",
     "nc_find_index8",
     "nonzero_with_count",
     "VirtualRegister",
@@ -126,7 +129,6 @@ __all__ = [
 
 # APIs of NKI 0.6 the interpreter does not implement (they raise NotImplementedError).
 _KNOWN = {
-    "nc_matmul_mx",
     "local_gather",
     "nc_n_gather",
     "nc_stream_shuffle",
@@ -139,7 +141,6 @@ _KNOWN = {
     "sequence_bounds",
     "core_barrier",
     "dma_compute",
-    "quantize_mx",
     "sendrecv",
     "nc_match_replace8",
     "topk",

@@ -142,3 +142,10 @@ def test_nonzero_with_count_limits():
         run(nonzero_kernel, (np.zeros((16, 4), np.float32), 0, -1), target="trn1")
     with pytest.raises(NkiValidationError, match="src dtype"):
         run(nonzero_kernel, (np.zeros((16, 4), np.uint8), 0, -1))
+
+
+@pytest.mark.parametrize("api", ["quantize_mx", "nc_matmul_mx"])
+def test_mx_instructions_are_refused_saying_what_the_docs_leave_open(api):
+    with pytest.raises(NotImplementedError, match="docs leave its semantics open") as info:
+        getattr(nisa, api)(*[None] * (3 if api == "quantize_mx" else 5))
+    assert "scale tile" in str(info.value) and api in str(info.value)

@@ -1,0 +1,44 @@
+"""``nisa.quantize_mx`` and ``nisa.nc_matmul_mx``: refused, because the docs leave the
+numbers they produce open.
+
+aws-neuron/aws-neuron-sdk nki/api/nki/isa/__init__.py (snapshot 81ce03ae) fixes the group
+(8 partitions x 4 elements), the block scale ``2**(floor(log2(amax)) - (Emax - 1))`` and the
+dtypes, but not: where each group's scale sits in ``dst_scale`` (nc_matmul_mx defers to
+quantize_mx's doc for "a special layout requirement" that depends on quadrants, and
+quantize_mx does not give it), which four values share a packed x4 element, nor the
+rounding and saturation of the fp8 cast. A kernel's result depends on all three, so an
+interpreter that guessed could pass kernels that fail on the device.
+"""
+
+from __future__ import annotations
+
+from neuron_kernels.interpreter.errors import NotImplementedByInterpreter
+
+__all__ = ["quantize_mx", "nc_matmul_mx"]
+
+_OPEN = (
+    "the official docs leave its semantics open: the layout of the MX scale tile "
+    "(nc_matmul_mx refers to quantize_mx's doc, which does not give it), the order of the "
+    "four fp8 values in a packed x4 element, and the fp8 rounding/saturation; the "
+    "interpreter refuses rather than guess numbers the device may not produce"
+)
+
+
+def quantize_mx(dst, src, dst_scale, name=None):
+    """Refused: see the module docstring."""
+    raise NotImplementedByInterpreter(f"nki.isa.quantize_mx: {_OPEN}")
+
+
+def nc_matmul_mx(
+    dst,
+    stationary,
+    moving,
+    stationary_scale,
+    moving_scale,
+    tile_position=None,
+    tile_size=None,
+    accumulate=None,
+    name=None,
+):
+    """Refused: see the module docstring."""
+    raise NotImplementedByInterpreter(f"nki.isa.nc_matmul_mx: {_OPEN}")
