@@ -248,7 +248,7 @@ class FlashAttentionConfig(TunableConfig):
     q_group: int = tunable(
         2,
         (1, 2, 4),
-        "modeled: 30.7% of TensorE peak at Sq=Sk=4096 D=128 bf16 vs 21.3% with 1; 4 needs "
+        "modeled: 31% of TensorE peak at Sq=Sk=4096 D=128 bf16 vs 21% with 1; 4 needs "
         "10 PSUM banks with the key-tile pipeline",
     )
 
@@ -675,32 +675,48 @@ def _close_query_tile(s, out, lse, b, plan):
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
-def _attend_group(q, k, v, out, lse, kv, b, kvh, tiles, plan):
-    """Online softmax for a group of (head, q0) query tiles of KV head ``kvh``, in lockstep
-    over the key tiles any of them sees."""
-    states = [_open_query_tile(q, b, h, q0, plan) for h, q0 in tiles]
+def _key_tiles(states, k, v, kv, b, kvh, plan):
+    """(kt, vb, r0, kk0) for each key tile some query tile in ``states`` sees; streamed
+    K/V blocks load as the iteration reaches them."""
     k_end = max(s["k_end"] for s in states)
+    for blk in range((k_end + plan.kv_block - 1) // plan.kv_block if k_end > 0 else 0):
+        r0 = blk * plan.kv_block
+        rows = min(plan.kv_block, plan.sk - r0)
+        kt, vb = kv if kv is not None else _load_kv_block(k, v, b, kvh, r0, rows, plan)
+        for kk0 in range(0, min(rows, k_end - r0), plan.k_tile):
+            yield kt, vb, r0, kk0
 
-    def key_tiles():
-        for blk in range((k_end + plan.kv_block - 1) // plan.kv_block if k_end > 0 else 0):
-            r0 = blk * plan.kv_block
-            rows = min(plan.kv_block, plan.sk - r0)
-            kt, vb = kv if kv is not None else _load_kv_block(k, v, b, kvh, r0, rows, plan)
-            for kk0 in range(0, min(rows, k_end - r0), plan.k_tile):
-                yield kt, vb, r0, kk0
 
-    # Software pipeline over key tiles: the next tile's scores and max are issued before
-    # this tile's exp, P V and fold, so TensorE and VectorE never wait on this tile's chain.
-    pending = None
-    for kt, vb, r0, kk0 in key_tiles():
-        work = _front(states, kt, r0, kk0, plan)
-        if pending is not None:
-            _back(*pending, q.dtype, plan)
-        pending = (work, vb)
+def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
+    """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
+    ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
+    key tiles and across groups: the next key tile's scores and max (the next group's
+    first, at a group's end) are issued before this key tile's exp, P V and fold, so
+    TensorE and VectorE never wait on this tile's chain."""
+    pending = None  # (work, vb, states to close after it, or None)
+
+    def drain():
+        work, vb, finished = pending
+        _back(work, vb, q.dtype, plan)
+        for s in finished or ():
+            _close_query_tile(s, out, lse, b, plan)
+
+    for t0 in range(0, len(tiles), plan.q_group):
+        states = [_open_query_tile(q, b, h, q0, plan) for h, q0 in tiles[t0 : t0 + plan.q_group]]
+        last = None
+        for kt, vb, r0, kk0 in _key_tiles(states, k, v, kv, b, kvh, plan):
+            work = _front(states, kt, r0, kk0, plan)
+            if pending is not None:
+                drain()
+            pending = (work, vb, None)
+            last = pending
+        if last is None:  # no key is visible to any tile of the group
+            for s in states:
+                _close_query_tile(s, out, lse, b, plan)
+        else:
+            pending = (pending[0], pending[1], states)
     if pending is not None:
-        _back(*pending, q.dtype, plan)
-    for s in states:
-        _close_query_tile(s, out, lse, b, plan)
+        drain()
 
 
 @nki.jit
@@ -725,8 +741,7 @@ def forward(q, k, v, plan):
             tiles = [
                 (kvh * group + g, q0) for g in range(group) for q0 in range(0, Sq, plan.q_tile)
             ]
-            for t0 in range(0, len(tiles), plan.q_group):
-                _attend_group(q, k, v, out, lse, kv, b, kvh, tiles[t0 : t0 + plan.q_group], plan)
+            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan)
     return out, lse
 
 
