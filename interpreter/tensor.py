@@ -953,11 +953,18 @@ class NkiTensor(NKIObject):
         return self[tuple(key)]
 
     def select(self, dim: int, index) -> NkiTensor:
-        """Static select: ``index`` along ``dim``, which is removed (slice + squeeze_dim)."""
+        """``index`` along ``dim``, which is removed. An int selects statically; a 1x1 SBUF
+        integer tensor or a VirtualRegister selects at run time (a scalar-offset indirect
+        view, as ``.ap(scalar_offset=index, indirect_dim=dim)``)."""
+        from neuron_kernels.interpreter.registers import VirtualRegister
+
         api = "NkiTensor.select"
         dim = self._norm_dim(api, dim)
-        if isinstance(index, NkiTensor):
-            raise not_implemented("NkiTensor.select with a tensor index (dynamic select)")
+        if isinstance(index, (NkiTensor, VirtualRegister)):
+            if self.on_chip and dim == 0:
+                raise NkiValidationError(api, "dim", "must not be 0 (partition dim) on-chip", dim)
+            pattern = [[s, n] for i, (n, s) in enumerate(zip(self.shape, self.strides)) if i != dim]
+            return self.ap(pattern or [[1, 1]], scalar_offset=index, indirect_dim=dim)
         if not _is_int(index) or not 0 <= index < self.shape[dim]:
             raise NkiValidationError(
                 api,

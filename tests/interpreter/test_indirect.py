@@ -204,3 +204,18 @@ def _refused(body, phrase):
 )
 def test_bad_indirect_views_are_refused(body, phrase):
     _refused(body, phrase)
+
+
+def test_dynamic_select_with_a_register_reads_the_row_at_run_time():
+    def kernel(data):
+        out = nl.ndarray((3, 1, 5), data.dtype, buffer=nl.shared_hbm)
+        for k in range(3):
+            reg = nisa.register_alloc(2 * k)
+            row = nl.ndarray((1, 5), data.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=row, src=data.select(0, reg))
+            nisa.dma_copy(dst=out[k], src=row)
+        return out
+
+    data = RNG.standard_normal((6, 5)).astype(np.float32)
+    got = run(kernel, (data,)).outputs
+    np.testing.assert_array_equal(got[:, 0, :], data[[0, 2, 4]])

@@ -463,8 +463,8 @@ def test_slice_and_select_rules_on_chip(make, api, arg):
     assert (err.op, err.arg) == (api, arg)
 
 
-def test_dynamic_select_not_implemented():
-    with pytest.raises(NotImplementedByInterpreter, match="dynamic select"):
+def test_dynamic_select_index_must_be_a_1x1_sbuf_tensor():  # working form: test_indirect.py
+    with pytest.raises(NkiValidationError, match="1x1 SBUF tensor"):
         view_of(arange((4, 4)), HBM, lambda t: t.select(0, t))
 
 
