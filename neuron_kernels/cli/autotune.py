@@ -186,7 +186,11 @@ def main(args) -> int:
         return 0
     if args.op is None:
         raise UsageError("op", "", "is required (or --list / --table)")
-    from neuron_kernels.autotune.backends import BackendUnavailable, default_backend_name
+    from neuron_kernels.autotune.backends import (
+        BackendUnavailable,
+        default_backend_name,
+        make_backend,
+    )
     from neuron_kernels.autotune.storage import StorageError, default_storage_url, open_storage
     from neuron_kernels.autotune.study import SamplerError, make_sampler, tune
     from neuron_kernels.kernels.spec import get_spec
@@ -203,6 +207,10 @@ def main(args) -> int:
     backend = args.backend or default_backend_name()
     if backend not in ("model", "hardware"):
         raise UsageError("--backend", backend, "must be model or hardware")
+    try:
+        make_backend(backend, target.name)  # refuses hardware where there is no device
+    except BackendUnavailable as exc:
+        raise UsageError("--backend", backend, str(exc)) from None
     try:
         make_sampler(args.sampler, spec.config.space(), seed, trials)
     except SamplerError as exc:

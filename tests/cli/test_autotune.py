@@ -1,0 +1,79 @@
+"""``neuron-kernels autotune``: a small run end to end, --list, --table, and every bad
+input as one line naming the flag and value (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from neuron_kernels.cli import main
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """Studies and results in tmp_path, never the user's cache or the shipped perf_results."""
+    monkeypatch.setenv("NEURON_KERNELS_STUDIES", f"sqlite:///{tmp_path / 'studies.db'}")
+    return tmp_path
+
+
+def test_a_small_run_prints_the_summary_and_merges_the_result(isolated, capsys):
+    args = ["autotune", "matmul", "--shape", "200x600x300", "--trials", "4", "--quiet"]
+    assert main([*args, "--results", str(isolated / "perf")]) == 0
+    out = capsys.readouterr().out
+    assert "modeled latency per shape" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("200x600x300")]
+    assert "bfloat16" in row and "us" in row
+    doc = json.loads((isolated / "perf" / "trn2" / "matmul.json").read_text())
+    (entry,) = doc["entries"]
+    assert entry["source"] == "modeled" and entry["shape"] == "200x600x300"
+    assert (
+        entry["trials"] == 4
+        and entry["metric"]["latency_us"] <= entry["metric"]["default_latency_us"]
+    )
+
+    assert main(["autotune", "--table", "--results", str(isolated / "perf")]) == 0
+    table = (isolated / "perf" / "trn2" / "README.md").read_text()
+    assert "| matmul | 200x600x300 | bfloat16 | modeled |" in table
+
+
+def test_list_shows_every_tunable_with_its_choices_and_reason(capsys):
+    assert main(["autotune", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "matmul  (720 configs; shape MxNxK)" in out
+    assert "block_m        default 4        of 1, 2, 4, 8, 16" in out
+    assert "modeled: 512-row A^T blocks" in out
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["nosuchop", "--shape", "8x8x8"], "op nosuchop: must be one of"),
+        (["matmul", "--shape", "8x8"], "--shape 8x8: must be MxNxK"),
+        (["matmul"], "--shape : is required"),
+        (["matmul", "--shape", "8x8x8", "--trials", "0"], "--trials 0: must be >= 1"),
+        (["matmul", "--shape", "8x8x8", "--jobs", "two"], "--jobs two: must be an integer"),
+        (["matmul", "--shape", "8x8x8", "--timeout", "-1"], "--timeout -1: must be > 0"),
+        (["matmul", "--shape", "8x8x8", "--dtype", "int8"], "--dtype int8: must be one of"),
+        (["matmul", "--shape", "8x8x8", "--sampler", "cmaes"], "categorical"),
+        (["matmul", "--shape", "8x8x8", "--sampler", "sa"], "--sampler sa: must be one of"),
+        (["matmul", "--shape", "8x8x8", "--backend", "gpu"], "--backend gpu: must be"),
+        (["matmul", "--shape", "8x8x8", "--backend", "hardware"], "needs the Neuron SDK"),
+        (["matmul", "--shape", "8x8x8", "--storage", "nowhere"], "--storage nowhere: must be"),
+        (
+            ["matmul", "--shape", "8x8x8", "--storage", "postgresql://u@127.0.0.1:1/db"],
+            "--storage postgresql://u@127.0.0.1:1/db: cannot open it",
+        ),
+        (
+            ["matmul", "--shape", "8x8x8", "--storage", "journal:/no/such/dir/j.log"],
+            "does not exist",
+        ),
+        (["matmul", "--committed", "--shape", "8x8x8"], "--committed"),
+    ],
+)
+def test_bad_input_is_one_line(isolated, capsys, argv, says):
+    assert main(["autotune", *argv, "--results", str(isolated / "perf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("neuron-kernels autotune: error: ") and says in err, err
+    assert not (isolated / "perf").exists()
