@@ -221,7 +221,11 @@ def main(args) -> int:
     except StorageError as exc:
         raise UsageError("--storage", storage_url, str(exc)) from None
     if args.report:
-        output_path("--report", str(__import__("pathlib").Path(args.report) / "x"))
+        try:
+            __import__("pathlib").Path(args.report).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError("--report", args.report, f"cannot make the folder: {exc}") from None
+        output_path("--report", str(__import__("pathlib").Path(args.report) / "report.html"))
     for p in points:
         try:
             spec.check(p.problem, p.dtype, spec.config.default(), target.name)

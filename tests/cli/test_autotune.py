@@ -19,7 +19,8 @@ def isolated(tmp_path, monkeypatch):
 
 def test_a_small_run_prints_the_summary_and_merges_the_result(isolated, capsys):
     args = ["autotune", "matmul", "--shape", "200x600x300", "--trials", "4", "--quiet"]
-    assert main([*args, "--results", str(isolated / "perf")]) == 0
+    report = isolated / "report"
+    assert main([*args, "--results", str(isolated / "perf"), "--report", str(report)]) == 0
     out = capsys.readouterr().out
     assert "modeled latency per shape" in out
     (row,) = [line for line in out.splitlines() if line.startswith("200x600x300")]
@@ -31,6 +32,11 @@ def test_a_small_run_prints_the_summary_and_merges_the_result(isolated, capsys):
         entry["trials"] == 4
         and entry["metric"]["latency_us"] <= entry["metric"]["default_latency_us"]
     )
+
+    for name in ("0_history", "0_importances", "0_parallel", "best_vs_default"):
+        assert (report / f"{name}.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    page = (report / "report.html").read_text()
+    assert page.count("<svg") == 4 and "modeled latencies" in page
 
     assert main(["autotune", "--table", "--results", str(isolated / "perf")]) == 0
     table = (isolated / "perf" / "trn2" / "README.md").read_text()
