@@ -61,16 +61,48 @@ def gate_reason(spec, config, dtype: str, target: str, problem: dict | None = No
     except LimitError as exc:
         return f"cannot run the gate problem {problem}: {exc}"
     args = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(1234))
+    tol = spec.tolerances[dtype]
     try:
-        out = spec.run_kernels(*args, config=config, runner=InterpreterRunner(target))
-        assert_within_tolerance(
-            out, spec.reference(*args, upcast=True), spec.tolerances[dtype], f"at {problem}"
-        )
+        if not getattr(spec, "mutates", ()):
+            out = spec.run_kernels(*args, config=config, runner=InterpreterRunner(target))
+            assert_within_tolerance(out, spec.reference(*args, upcast=True), tol, f"at {problem}")
+        else:  # an in-place op: compare every tensor it updates, each side on its own copies
+            ran, ref = _copies(args), _copies(args, torch.float64)
+            spec.run_kernels(*ran, config=config, runner=InterpreterRunner(target))
+            spec.reference(*ref, upcast=True)
+            for i, (g, w) in enumerate(zip(_mutated(spec, ran), _mutated(spec, ref))):
+                assert_within_tolerance(g, w, tol, f"at {problem} [updated tensor {i}]")
     except AssertionError as exc:
         return f"wrong result on the interpreter: {str(exc).splitlines()[0]}"
     except Exception as exc:  # the interpreter refused the kernel: a defect of this config
         return f"the interpreter refused the kernel: {type(exc).__name__}: {exc}"
     return None
+
+
+def _copies(args, dtype=None):
+    """Fresh copies of every tensor argument (also inside tensor lists), as ``dtype`` if given."""
+    import torch
+
+    def copy(a):
+        if isinstance(a, torch.Tensor):
+            return a.detach().clone() if dtype is None else a.detach().to(dtype)
+        if isinstance(a, (list, tuple)):
+            return type(a)(copy(t) for t in a)
+        return a
+
+    return tuple(copy(a) for a in args)
+
+
+def _mutated(spec, args) -> list:
+    """The tensors an in-place op updates (its ``spec.mutates`` arguments), flattened."""
+    from neuron_kernels.torch_ops.library import op_signature
+
+    names = list(op_signature(spec).parameters)
+    out = []
+    for name in spec.mutates:
+        value = args[names.index(name)]
+        out.extend(value if isinstance(value, (list, tuple)) else [value])
+    return out
 
 
 class Objective:
