@@ -20,12 +20,12 @@ from neuron_kernels.kernels import matmul
 POINT = Point("64x64x64", {"m": 64, "n": 64, "k": 64}, "bfloat16")
 
 
-def _tune(tmp_path, backend, **kw):
+def _tune(tmp_path, backend, storage=None, **kw):
     kw.setdefault("trials", 24)
     return tune(
         syn.SPEC,
         [POINT],
-        storage_url=f"sqlite:///{tmp_path / 'studies.db'}",
+        storage_url=storage or f"sqlite:///{tmp_path / 'studies.db'}",
         backend=backend,
         gate=syn.no_gate,
         results_root=tmp_path / "perf",
@@ -163,3 +163,12 @@ def test_samplers_the_space_cannot_use_are_refused_with_a_reason():
         make_sampler("annealing", space, 0, 10)
     assert isinstance(make_sampler("auto", space, 0, 24), optuna.samplers.GridSampler)
     assert isinstance(make_sampler("auto", space, 0, 10), optuna.samplers.TPESampler)
+
+
+def test_journal_storage_holds_a_study_that_a_second_run_continues(tmp_path):
+    url = f"journal:{tmp_path / 'studies.log'}"
+    (first,) = _tune(tmp_path, syn.SyntheticBackend(), trials=4, sampler="random", storage=url)
+    backend = syn.SyntheticBackend()
+    (second,) = _tune(tmp_path, backend, trials=8, sampler="random", storage=url)
+    assert first.study_name == second.study_name and second.trials == 8
+    assert len(backend.calls) == 8 - first.trials - second.pruned + first.pruned
