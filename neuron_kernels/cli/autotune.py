@@ -221,6 +221,13 @@ def main(args) -> int:
     except StorageError as exc:
         raise UsageError("--storage", storage_url, str(exc)) from None
     if args.report:
+        from neuron_kernels.autotune.report import INSTALL_HINT, missing_plot_libraries
+
+        missing = missing_plot_libraries()
+        if missing:
+            raise UsageError(
+                "--report", args.report, f"needs {' and '.join(missing)}: {INSTALL_HINT}"
+            )
         try:
             __import__("pathlib").Path(args.report).mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -36,7 +36,9 @@ def test_a_small_run_prints_the_summary_and_merges_the_result(isolated, capsys):
     for name in ("0_history", "0_importances", "0_parallel", "best_vs_default"):
         assert (report / f"{name}.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     page = (report / "report.html").read_text()
-    assert page.count("<svg") == 4 and "modeled latencies" in page
+    # Four plotly charts on one page, plotly.js inline once (no network to view it).
+    assert page.count('class="plotly-graph-div"') == 4 and "modeled latencies" in page
+    assert page.count("<script src=") == 0
 
     assert main(["autotune", "--table", "--results", str(isolated / "perf")]) == 0
     table = (isolated / "perf" / "trn2" / "README.md").read_text()
@@ -49,6 +51,17 @@ def test_list_shows_every_tunable_with_its_choices_and_reason(capsys):
     assert "matmul  (720 configs; shape MxNxK)" in out
     assert "block_m        default 4        of 1, 2, 4, 8, 16" in out
     assert "modeled: 512-row A^T blocks" in out
+
+
+def test_report_without_the_plot_extra_is_one_line(isolated, monkeypatch, capsys):
+    from neuron_kernels.autotune import report
+
+    monkeypatch.setattr(report, "missing_plot_libraries", lambda: ["plotly"])
+    argv = ["autotune", "matmul", "--shape", "200x600x300", "--trials", "2"]
+    assert main([*argv, "--report", str(isolated / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "--report" in err and "neuron-kernels[plot]" in err and "Traceback" not in err
+    assert not (isolated / "r" / "report.html").exists()
 
 
 @pytest.mark.parametrize(
