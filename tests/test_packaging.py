@@ -130,16 +130,17 @@ def test_version_matches_the_distribution():
 # -- README and CI ------------------------------------------------------------------------
 
 
-def test_readme_quick_start_is_two_commands():
-    install_and_demo, test = readme_quick_start()
+def test_readme_quick_start_is_install_tune_test():
+    install_and_demo, tune, test = readme_quick_start()
     assert "pip install torch==2.13.0" in install_and_demo
     assert '-e ".[test]"' in install_and_demo
     assert install_and_demo.endswith("&& neuron-kernels demo")
+    assert tune.startswith("neuron-kernels autotune matmul --shape ")  # the main job
     assert test == "python -m pytest"
 
 
 def test_ci_runs_the_readme_test_command():
-    assert ci_test_command() == readme_quick_start()[1]
+    assert ci_test_command() == readme_quick_start()[-1]
 
 
 def test_ci_installs_torch_first_and_the_test_extra():
