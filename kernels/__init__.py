@@ -13,9 +13,11 @@ from neuron_kernels.kernels.spec import (
 __all__ = ["REGISTRY", "OpSpec", "Tolerance", "TunableConfig", "get_spec", "register"]
 
 # The op registry: one line per kernel module.
-from neuron_kernels.kernels import adamw  # noqa: E402,F401
-from neuron_kernels.kernels import flash_attention  # noqa: E402,F401
-from neuron_kernels.kernels import flash_attention_bwd  # noqa: E402,F401
-from neuron_kernels.kernels import matmul  # noqa: E402,F401
-from neuron_kernels.kernels import rms_norm  # noqa: E402,F401
-from neuron_kernels.kernels import rms_norm_bwd  # noqa: E402,F401
+from neuron_kernels.kernels import (
+    adamw,  # noqa: E402,F401
+    flash_attention,  # noqa: E402,F401
+    flash_attention_bwd,  # noqa: E402,F401
+    matmul,  # noqa: E402,F401
+    rms_norm,  # noqa: E402,F401
+    rms_norm_bwd,  # noqa: E402,F401
+)
