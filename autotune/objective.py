@@ -53,7 +53,12 @@ def gate_reason(spec, config, dtype: str, target: str, problem: dict | None = No
     """
     import torch
 
-    from neuron_kernels.testing import InterpreterRunner, assert_within_tolerance
+    from neuron_kernels.testing import (
+        InterpreterRunner,
+        assert_within_tolerance,
+        copy_args,
+        mutated_tensors,
+    )
 
     problem = dict(problem or spec.test_problems["probe"])
     try:
@@ -67,42 +72,16 @@ def gate_reason(spec, config, dtype: str, target: str, problem: dict | None = No
             out = spec.run_kernels(*args, config=config, runner=InterpreterRunner(target))
             assert_within_tolerance(out, spec.reference(*args, upcast=True), tol, f"at {problem}")
         else:  # an in-place op: compare every tensor it updates, each side on its own copies
-            ran, ref = _copies(args), _copies(args, torch.float64)
+            ran, ref = copy_args(args), copy_args(args, torch.float64)
             spec.run_kernels(*ran, config=config, runner=InterpreterRunner(target))
             spec.reference(*ref, upcast=True)
-            for i, (g, w) in enumerate(zip(_mutated(spec, ran), _mutated(spec, ref))):
+            for i, (g, w) in enumerate(zip(mutated_tensors(spec, ran), mutated_tensors(spec, ref))):
                 assert_within_tolerance(g, w, tol, f"at {problem} [updated tensor {i}]")
     except AssertionError as exc:
         return f"wrong result on the interpreter: {str(exc).splitlines()[0]}"
     except Exception as exc:  # the interpreter refused the kernel: a defect of this config
         return f"the interpreter refused the kernel: {type(exc).__name__}: {exc}"
     return None
-
-
-def _copies(args, dtype=None):
-    """Fresh copies of every tensor argument (also inside tensor lists), as ``dtype`` if given."""
-    import torch
-
-    def copy(a):
-        if isinstance(a, torch.Tensor):
-            return a.detach().clone() if dtype is None else a.detach().to(dtype)
-        if isinstance(a, (list, tuple)):
-            return type(a)(copy(t) for t in a)
-        return a
-
-    return tuple(copy(a) for a in args)
-
-
-def _mutated(spec, args) -> list:
-    """The tensors an in-place op updates (its ``spec.mutates`` arguments), flattened."""
-    from neuron_kernels.torch_ops.library import op_signature
-
-    names = list(op_signature(spec).parameters)
-    out = []
-    for name in spec.mutates:
-        value = args[names.index(name)]
-        out.extend(value if isinstance(value, (list, tuple)) else [value])
-    return out
 
 
 class Objective:

@@ -7,7 +7,42 @@ from typing import Any
 
 import torch
 
-__all__ = ["InterpreterRunner", "assert_within_tolerance", "interpreter_runner_for", "run_kernel"]
+__all__ = [
+    "InterpreterRunner",
+    "assert_within_tolerance",
+    "copy_args",
+    "interpreter_runner_for",
+    "mutated_tensors",
+    "run_kernel",
+]
+
+
+def copy_args(args, dtype=None) -> tuple:
+    """Fresh copies of every tensor argument (also inside tensor lists), as ``dtype`` if
+    given: an in-place op then runs on its own copy and its reference on another."""
+
+    def copy(a):
+        if isinstance(a, torch.Tensor):
+            return a.detach().clone() if dtype is None else a.detach().to(dtype)
+        if isinstance(a, (list, tuple)):
+            return type(a)(copy(t) for t in a)
+        return a
+
+    return tuple(copy(a) for a in args)
+
+
+def mutated_tensors(spec, args) -> list:
+    """The tensors an in-place op updates (its ``spec.mutates`` arguments), flattened."""
+    import inspect
+
+    names = [
+        n for n in inspect.signature(spec.run_kernels).parameters if n not in ("config", "runner")
+    ]
+    out = []
+    for name in spec.mutates:
+        value = args[names.index(name)]
+        out.extend(value if isinstance(value, (list, tuple)) else [value])
+    return out
 
 
 def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: str = "") -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from neuron_kernels.testing import copy_args, mutated_tensors
+
 __all__ = ["SIZES", "TOLERANCE_SCALE", "DemoRun", "add_arguments", "main", "run_checks"]
 
 # --size presets name problems every OpSpec declares, so a new op needs nothing here.
@@ -37,31 +39,6 @@ class DemoRun:
     target: str
 
 
-def _copies(args, dtype=None):
-    """Fresh copies of every tensor argument (also inside tensor lists), as ``dtype`` if given."""
-
-    def copy(a):
-        if isinstance(a, torch.Tensor):
-            return a.detach().clone() if dtype is None else a.detach().to(dtype)
-        if isinstance(a, (list, tuple)):
-            return type(a)(copy(t) for t in a)
-        return a
-
-    return tuple(copy(a) for a in args)
-
-
-def _updated(spec, args) -> list:
-    """The tensors an in-place op updates (its ``spec.mutates`` arguments), flattened."""
-    from neuron_kernels.torch_ops.library import op_signature
-
-    names = list(op_signature(spec).parameters)
-    out = []
-    for name in spec.mutates:
-        value = args[names.index(name)]
-        out.extend(value if isinstance(value, (list, tuple)) else [value])
-    return out
-
-
 def _results(spec, args, runner) -> list:
     """(kernel result, fp64 reference) pairs: the output, or for an in-place op each tensor
     it updates (kernel and reference on their own copies of the inputs)."""
@@ -72,10 +49,10 @@ def _results(spec, args, runner) -> list:
         if isinstance(out, (tuple, list)):  # a multi-output op: each output against its own
             return list(zip(out, ref))
         return [(out, ref)]
-    ran, ref = _copies(args), _copies(args, torch.float64)
+    ran, ref = copy_args(args), copy_args(args, torch.float64)
     spec.run_kernels(*ran, config=config, runner=runner)
     spec.reference(*ref, upcast=True)
-    return list(zip(_updated(spec, ran), _updated(spec, ref)))
+    return list(zip(mutated_tensors(spec, ran), mutated_tensors(spec, ref)))
 
 
 def run_checks(target: str = "trn2", size: str = "small", seed: int = 0) -> list[DemoRun]:

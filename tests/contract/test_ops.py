@@ -17,9 +17,14 @@ from neuron_kernels.autotune import results
 from neuron_kernels.errors import LimitError
 from neuron_kernels.interpreter import NkiValidationError
 from neuron_kernels.kernels import REGISTRY
-from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
+from neuron_kernels.testing import (
+    assert_within_tolerance,
+    copy_args,
+    interpreter_runner_for,
+    mutated_tensors,
+    run_kernel,
+)
 from neuron_kernels.torch_ops import cpu_mode, routing
-from neuron_kernels.torch_ops.library import op_signature
 
 OPS = sorted(REGISTRY)
 
@@ -46,29 +51,6 @@ def _inputs(spec, problem, dtype, seed=0):
     return spec.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
 
 
-def _copies(args, dtype=None):
-    """Fresh copies of every tensor argument (also inside tensor lists), as ``dtype`` if given."""
-
-    def copy(a):
-        if isinstance(a, torch.Tensor):
-            return a.detach().clone() if dtype is None else a.detach().to(dtype)
-        if isinstance(a, (list, tuple)):
-            return type(a)(copy(t) for t in a)
-        return a
-
-    return tuple(copy(a) for a in args)
-
-
-def _mutated(spec, args) -> list:
-    """The tensors an in-place op updates (its ``spec.mutates`` arguments), flattened."""
-    names = list(op_signature(spec).parameters)
-    out = []
-    for name in spec.mutates:
-        value = args[names.index(name)]
-        out.extend(value if isinstance(value, (list, tuple)) else [value])
-    return out
-
-
 def _assert_matches_reference(spec, args, config, dtype, context, target=None):
     """The kernel on the interpreter against the fp64 reference: the outputs, or for an
     in-place op every tensor it updates (kernel and reference each on their own copies)."""
@@ -77,10 +59,10 @@ def _assert_matches_reference(spec, args, config, dtype, context, target=None):
         out = run_kernel(spec, args, config, target=target)
         assert_within_tolerance(out, spec.reference(*args, upcast=True), tol, context)
         return
-    ran, ref = _copies(args), _copies(args, torch.float64)
+    ran, ref = copy_args(args), copy_args(args, torch.float64)
     run_kernel(spec, ran, config, target=target)
     spec.reference(*ref, upcast=True)
-    got, want = _mutated(spec, ran), _mutated(spec, ref)
+    got, want = mutated_tensors(spec, ran), mutated_tensors(spec, ref)
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         assert_within_tolerance(g, w, tol, f"{context} [updated tensor {i}]")
@@ -200,9 +182,11 @@ def test_compile_fullgraph(name):
 
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     if spec.mutates:  # an in-place op: compare what each run updated
-        eager_args, compiled_args = _copies(args), _copies(args)
+        eager_args, compiled_args = copy_args(args), copy_args(args)
         assert compiled(*compiled_args) is None and fn(*eager_args) is None
-        torch.testing.assert_close(_mutated(spec, compiled_args), _mutated(spec, eager_args))
+        torch.testing.assert_close(
+            mutated_tensors(spec, compiled_args), mutated_tensors(spec, eager_args)
+        )
         return
     torch.testing.assert_close(compiled(*args), fn(*args))
 
