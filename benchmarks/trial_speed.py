@@ -1,0 +1,262 @@
+"""Speed of one modeled tuner trial: interpreter trace (trace-only) and cost-model schedule.
+
+Not a test: run it by hand after touching ``interpreter/`` or ``cost_model/``::
+
+    python benchmarks/trial_speed.py [--repeat 3] [--only matmul] [--profile CASE]
+    python benchmarks/trial_speed.py --record /tmp/golden.json   # before a change
+    python benchmarks/trial_speed.py --check /tmp/golden.json    # after it: exit 1 on a diff
+
+Each case is what the tuner's model backend does for one trial (``autotune/backends.py``):
+the op's kernels run on the interpreter with ``compute=False`` at the full shape, then
+``cost_model.model_trace`` schedules the trace. The two are timed apart (best of
+``--repeat``, wall clock, so other processes' load shows up: compare best-of-N). Every
+latency printed is *modeled*, none is measured.
+
+``--record`` writes every modeled number of every case (``Profile.to_dict()``: latency,
+per-engine busy, DMA, critical path, FLOPs, memory, instruction counts) with ``repr`` of
+each float, plus digests of the whole trace (every instruction's operands and attributes)
+and of the whole timeline (every instruction's start, end, unit and occupancy);
+``--check`` compares them exactly (bitwise float equality), so a speed-up that changes
+any modeled number, or the trace it is computed from, is caught.
+
+Before/after (best of 3 s per case, trn2, 2 shared cores under the other agents' load):
+see the table at the end of this docstring, filled in by the session that made the change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import json
+import pstats
+import sys
+import time
+
+import torch
+
+from neuron_kernels.cost_model.params import params_for
+from neuron_kernels.cost_model.profiler import LaunchProfile, Profile
+from neuron_kernels.cost_model.schedule import model_trace
+from neuron_kernels.hardware import target_from_name
+from neuron_kernels.interpreter.execution import Kernel, run
+from neuron_kernels.kernels import REGISTRY
+
+TARGET = "trn2"
+
+# (case name, op, shape in the op's syntax, dtype, config overrides of the op's default)
+CASES = [
+    ("matmul-default", "matmul", "4096x4096x4096", "bfloat16", {}),
+    ("matmul-stationary-b", "matmul", "4096x4096x4096", "bfloat16", {"stationary": "b"}),
+    (
+        "matmul-psum",
+        "matmul",
+        "4096x4096x4096",
+        "bfloat16",
+        {"accumulate": "psum", "block_m": 2, "block_n": 2},
+    ),
+    (
+        "matmul-dma-transpose",
+        "matmul",
+        "4096x4096x4096",
+        "bfloat16",
+        {"transpose": "dma", "block_m": 8, "block_n": 4},
+    ),
+    ("matmul-transpose-pe-fp32", "matmul", "2048x2048x2048", "float32", {"transpose": "pe"}),
+    ("flash-fwd", "flash_attention_fwd", "1x4x1x4096x4096x128", "bfloat16", {}),
+    ("flash-fwd-causal", "flash_attention_fwd", "1x4x1x4096x4096x128", "bfloat16", {}),
+    ("rms_norm_bwd", "rms_norm_bwd", "8192x8192", "bfloat16", {}),
+    ("fused_adamw_", "fused_adamw_", "8x4194304", "bfloat16", {}),
+]
+CAUSAL_CASES = {"flash-fwd-causal"}
+
+
+class _TimedProfiler:
+    """A runner like :class:`~neuron_kernels.cost_model.profiler.Profiler` (trace-only),
+    timing the trace and the schedule of each launch apart."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+        self.params = params_for(target.name)
+        self.launches: list[LaunchProfile] = []
+        self.trace_s = 0.0
+        self.schedule_s = 0.0
+
+    def __call__(self, kernel, *args, **kwargs):
+        t0 = time.perf_counter()
+        result = run(kernel, args, kwargs, target=self.target, compute=False)
+        t1 = time.perf_counter()
+        timeline = model_trace(result.trace, self.target, params=self.params)
+        t2 = time.perf_counter()
+        self.trace_s += t1 - t0
+        self.schedule_s += t2 - t1
+        fn = kernel.fn if isinstance(kernel, Kernel) else kernel
+        self.launches.append(LaunchProfile(getattr(fn, "__name__", str(fn)), result, timeline))
+        return result.outputs
+
+    def report(self) -> Profile:
+        return Profile(self.target.name, self.params, list(self.launches))
+
+
+def _inputs(case):
+    name, op, shape, dtype, overrides = case
+    spec = REGISTRY[op]
+    problem = spec.parse_shape(shape)
+    if name in CAUSAL_CASES:
+        problem = {**problem, "causal": True}
+    config = spec.config.from_dict({**spec.config.default().__dict__, **overrides})
+    args = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(0))
+    return spec, config, args
+
+
+def _run_case(case, target):
+    spec, config, args = _inputs(case)
+    profiler = _TimedProfiler(target)
+    spec.run_kernels(*args, config=config, runner=profiler)
+    return profiler
+
+
+def _digest(items) -> str:
+    h = hashlib.sha256()
+    for item in items:
+        h.update(repr(item).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _floats_as_repr(obj):
+    """``obj`` with every float replaced by its ``repr`` (exact, round-trips bitwise)."""
+    if isinstance(obj, float):
+        return repr(obj)
+    if isinstance(obj, dict):
+        return {str(k): _floats_as_repr(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_floats_as_repr(v) for v in obj]
+    return obj
+
+
+def modeled_numbers(profiler: _TimedProfiler) -> dict:
+    """Every modeled number of one case, floats as ``repr``, trace and timeline digested."""
+    report = profiler.report()
+    trace_items, timeline_items = [], []
+    for lp in report.launches:
+        for ins in lp.run.trace.instructions:
+            trace_items.append(
+                (
+                    ins.index,
+                    ins.api,
+                    ins.engine,
+                    ins.reads,
+                    ins.writes,
+                    ins.program_id,
+                    sorted(ins.attrs.items(), key=lambda kv: kv[0]),
+                    ins.depends_on,
+                    ins.name,
+                )
+            )
+        tl = lp.timeline
+        timeline_items += [
+            tl.latency_ns,
+            tl.start,
+            tl.end,
+            tl.unit,
+            tl.occupancy,
+            tl.busy_ns,
+            tl.dma_engine_busy_ns,
+            tl.dma_active_ns,
+            sorted(tl.dma_queue.items()),
+            sorted(tl.dma_bytes.items()),
+            tl.dma_hbm_bytes,
+            tl.flops,
+            tl.critical_path,
+            tl.critical_unit,
+            tl.alloc_fallbacks,
+            sorted(tl.dma_trigger.items()),
+        ]
+    return {
+        "report": _floats_as_repr(report.to_dict()),
+        "trace_sha256": _digest(trace_items),
+        "timeline_sha256": _digest(timeline_items),
+    }
+
+
+def _diff(a, b, path=""):
+    if type(a) is not type(b):
+        return [f"{path}: {a!r} != {b!r}"]
+    if isinstance(a, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                out.append(f"{path}/{k}: only in {'recorded' if k in a else 'now'}")
+            else:
+                out += _diff(a[k], b[k], f"{path}/{k}")
+        return out
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return [f"{path}: length {len(a)} != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: recorded {a!r}, now {b!r}"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="best of this many runs per case")
+    parser.add_argument("--only", action="append", help="run only cases whose name contains this")
+    parser.add_argument("--record", metavar="FILE", help="write every modeled number to FILE")
+    parser.add_argument("--check", metavar="FILE", help="compare every modeled number with FILE")
+    parser.add_argument("--profile", metavar="CASE", help="cProfile one run of CASE (top 30)")
+    args = parser.parse_args(argv)
+    target = target_from_name(TARGET)
+
+    if args.profile:
+        (case,) = [c for c in CASES if c[0] == args.profile]
+        prof = cProfile.Profile()
+        prof.enable()
+        _run_case(case, target)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        return 0
+
+    cases = [c for c in CASES if not args.only or any(s in c[0] for s in args.only)]
+    recorded = {}
+    if args.check:
+        with open(args.check) as f:
+            recorded = json.load(f)
+    numbers, failures = {}, []
+    print(
+        f"{'case':<26}{'trace s':>9}{'schedule s':>12}{'total s':>9}{'instr':>9}  modeled latency"
+    )
+    for case in cases:
+        best_trace = best_schedule = float("inf")
+        for _ in range(max(1, args.repeat)):
+            profiler = _run_case(case, target)
+            best_trace = min(best_trace, profiler.trace_s)
+            best_schedule = min(best_schedule, profiler.schedule_s)
+        numbers[case[0]] = modeled_numbers(profiler)
+        report = profiler.report()
+        n_ins = sum(len(lp.run.trace) for lp in report.launches)
+        print(
+            f"{case[0]:<26}{best_trace:>9.2f}{best_schedule:>12.2f}"
+            f"{best_trace + best_schedule:>9.2f}{n_ins:>9}  {report.latency_ns / 1e3:,.1f} us"
+        )
+        if args.check:
+            if case[0] not in recorded:
+                failures.append(f"{case[0]}: not in {args.check}")
+            else:
+                failures += [f"{case[0]}{d}" for d in _diff(recorded[case[0]], numbers[case[0]])]
+    if args.record:
+        with open(args.record, "w") as f:
+            json.dump(numbers, f, indent=1, sort_keys=True)
+        print(f"recorded {len(numbers)} cases to {args.record}")
+    if args.check:
+        if failures:
+            print(f"CHECK FAILED: {len(failures)} modeled numbers differ", file=sys.stderr)
+            for line in failures[:40]:
+                print("  " + line, file=sys.stderr)
+            return 1
+        print(f"check: every modeled number of {len(numbers)} cases is identical to {args.check}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
