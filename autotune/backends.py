@@ -2,7 +2,10 @@
 
 ``model``: the cost model. The op's kernels run on the interpreter trace-only (no
 arithmetic) at the full shape and the trace is scheduled by ``cost_model``; the latency is
-*modeled*. It runs anywhere and is the default wherever no Neuron device is present.
+*modeled*. It runs anywhere and is the default wherever no Neuron device is present. An op
+whose kernels repeat one independent piece (``OpSpec.model_slice``: attention's (batch, KV
+head) groups) has one piece traced and its latency multiplied by the piece count; the
+measurement records ``traced_problem`` and ``copies``.
 
 ``hardware``: a Trn2/Trn3 node with the Neuron SDK. Each kernel launch goes through
 ``nki.benchmark(warmup=W, iters=N)(kernel)(*numpy_args)`` (the NKI API reference page
@@ -66,19 +69,21 @@ def default_backend_name() -> str:
     return "hardware" if has_neuron_device() else "model"
 
 
-def _floors(report, spec, problem: dict, dtype: str) -> tuple[float, str]:
-    """(floor in us, the engine that binds) for the op at ``problem``: see :class:`Measurement`."""
+def _floors(report, spec, problem: dict, dtype: str, copies: int = 1) -> tuple[float, str]:
+    """(floor in us, the engine that binds) for the op at ``problem``: see :class:`Measurement`.
+    ``report`` profiles one of ``copies`` identical slices of it (``OpSpec.model_slice``)."""
     params = report.params
     rate_gbps = min(
         float(params.dma_core_gbps), float(params.dma_engine_gbps) * int(params.dma_engines)
     )
     dma_ns = spec.host_bytes(problem, dtype) / rate_gbps
-    tensor_ns = report.floors_ns()["tensor"]
+    tensor_ns = copies * report.floors_ns()["tensor"]
     return (tensor_ns / 1e3, "TensorE") if tensor_ns >= dma_ns else (dma_ns / 1e3, "DMA")
 
 
 class ModelBackend:
-    """Modeled latency: trace-only interpreter run at the full shape + the cost model."""
+    """Modeled latency: trace-only interpreter run at the full shape (or one of its
+    ``model_slice`` pieces, times their count) + the cost model."""
 
     name = "model"
     source = "modeled"
@@ -89,8 +94,8 @@ class ModelBackend:
         self._inputs: dict[tuple, tuple] = {}
 
     def inputs(self, spec, problem: dict, dtype: str) -> tuple:
-        """The op's inputs at ``problem``, built once per point (a trace-only run reads only
-        their shapes and dtypes, so every config reuses them)."""
+        """The op's inputs at ``problem`` with values (what a hardware run needs), built
+        once per point."""
         import torch
 
         key = (spec.name, tuple(sorted(problem.items())), dtype)
@@ -98,20 +103,52 @@ class ModelBackend:
             self._inputs[key] = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(0))
         return self._inputs[key]
 
+    def trace_inputs(self, spec, problem: dict, dtype: str) -> tuple:
+        """Inputs of the right shapes and dtypes but uninitialized (``torch.empty``): a
+        trace-only run reads no values, so a full-size point costs no time and no memory
+        pages to set up (``make_inputs`` runs on the meta device)."""
+        import torch
+
+        key = ("trace", spec.name, tuple(sorted(problem.items())), dtype)
+        if key not in self._inputs:
+            with torch.device("meta"):
+                metas = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(0))
+            self._inputs[key] = _materialize(metas)
+        return self._inputs[key]
+
     def measure(self, spec, problem: dict, dtype: str, config) -> Measurement:
         from neuron_kernels.cost_model.profiler import Profiler
 
+        traced, copies = spec.model_slice(problem) if spec.model_slice else (problem, 1)
         profiler = Profiler(target=self.target, compute=False, **self.param_overrides)
-        spec.run_kernels(*self.inputs(spec, problem, dtype), config=config, runner=profiler)
+        spec.run_kernels(*self.trace_inputs(spec, traced, dtype), config=config, runner=profiler)
         report = profiler.report()
-        floor_us, floor_engine = _floors(report, spec, problem, dtype)
+        floor_us, floor_engine = _floors(report, spec, problem, dtype, copies)
+        extra = {} if copies == 1 else {"traced_problem": _describe(traced), "copies": copies}
         return Measurement(
-            latency_us=report.latency_ns / 1e3,
+            latency_us=copies * report.latency_ns / 1e3,
             source=self.source,
             floor_us=floor_us,
             floor_engine=floor_engine,
             binding_engine=report.critical()[0],
+            extra=extra,
         )
+
+
+def _materialize(value):
+    """``value`` with every meta tensor (also inside lists and tuples) replaced by an
+    uninitialized CPU tensor of its shape and dtype."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        return torch.empty(value.shape, dtype=value.dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_materialize(v) for v in value)
+    return value
+
+
+def _describe(problem: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in problem.items())
 
 
 class _BenchmarkRunner:

@@ -25,7 +25,7 @@ import optuna
 
 from neuron_kernels.errors import LimitError
 
-__all__ = ["GateFailure", "Objective", "Point", "gate_reason", "params_key"]
+__all__ = ["GateFailure", "Objective", "Point", "gate_reason", "make_point", "params_key"]
 
 
 class GateFailure(Exception):
@@ -39,6 +39,19 @@ class Point:
     shape: str  # as written on the command line, e.g. "4096x4096x4096"
     problem: dict
     dtype: str
+
+
+def make_point(spec, shape: str, dtype: str) -> Point:
+    """The point for ``shape`` (in the op's shape syntax) as the op itself sees it at call
+    time: the problem is ``spec.problem`` of inputs of that shape, so it holds every entry the
+    op's lookup keys on (a casting mode, amsgrad, causal) and a tuned config is stored under
+    the very shape bucket a call with such inputs looks up. Inputs are built on the meta
+    device (nothing is allocated)."""
+    import torch
+
+    with torch.device("meta"):
+        args = spec.make_inputs(spec.parse_shape(shape), dtype, torch.Generator().manual_seed(0))
+    return Point(shape, spec.problem(*args), dtype)
 
 
 def params_key(params: dict) -> tuple:

@@ -165,6 +165,10 @@ class PointResult:
         return None
 
 
+# What a model_slice measurement records (autotune/backends.py): kept on the shipped entry.
+MODEL_SLICE_ATTRS = ("traced_problem", "copies")
+
+
 def summarize(spec, study, point: Point, source: str) -> PointResult:
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
@@ -188,6 +192,7 @@ def summarize(spec, study, point: Point, source: str) -> PointResult:
         failed=sum(t.state == TrialState.FAIL and "failed" in t.user_attrs for t in trials),
         orphaned=sum(t.state == TrialState.FAIL and "failed" not in t.user_attrs for t in trials),
         repeats=repeats,
+        extra={k: best.user_attrs[k] for k in MODEL_SLICE_ATTRS if best and k in best.user_attrs},
     )
 
 
@@ -365,6 +370,7 @@ def _entry(spec, r: PointResult, backend: str) -> dict:
         metric.update(floor_us=r.floor_us, floor_engine=r.floor_engine)
     if r.binding_engine:
         metric["binding_engine"] = r.binding_engine
+    metric.update(r.extra)  # traced_problem, copies: a model_slice measurement says so
     return {
         "shape_bucket": spec.shape_bucket(r.point.problem),
         "dtype": r.point.dtype,

@@ -63,6 +63,7 @@ from neuron_kernels.kernels.spec import (
     TunableConfig,
     dtype_name,
     register,
+    shape_parser,
     tunable,
 )
 
@@ -886,6 +887,8 @@ SPEC = register(
             "empty": [],
         },
         dtypes=PARAM_DTYPES,
+        # "TENSORSxNUMEL[:amsgrad]": torch.optim.AdamW's default (amsgrad=False) unless named
+        parse_shape=shape_parser(OP, ("tensors", "numel"), ("amsgrad",)),
         output_shapes=lambda *args: [],
         kernels=(fused_adamw,),
         mutates=("params", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"),

@@ -853,6 +853,14 @@ def shape_bucket(problem: dict) -> str:
     )
 
 
+def kv_group_slice(problem: dict) -> tuple[dict, int]:
+    """One (batch, KV head) group and the group count: the kernel runs ``B * Hkv`` such
+    groups one after another, each reading only its K/V head and its ``H / Hkv`` query heads
+    (the cost model's ``OpSpec.model_slice``)."""
+    b, h, hkv = problem["b"], problem["h"], problem["hkv"]
+    return {**problem, "b": 1, "h": h // hkv, "hkv": 1}, b * hkv
+
+
 def _bad_inputs(op):
     def bad_inputs():
         """One bad input per op-boundary limit: (args, the argument the error must name)."""
@@ -957,6 +965,7 @@ FWD_SPEC = register(
         make_inputs=make_inputs,
         test_problems=_TEST_PROBLEMS,
         shape_bucket=shape_bucket,
+        model_slice=kv_group_slice,
         kernels=(forward,),
         autograd=(_setup_context, _backward),
         bad_inputs=_bad_inputs(FWD_OP),
@@ -978,6 +987,7 @@ SPEC = register(
         make_inputs=make_inputs,
         test_problems=_TEST_PROBLEMS,
         shape_bucket=shape_bucket,
+        model_slice=kv_group_slice,
         kernels=(forward,),
         composite=composite,
         bad_inputs=_bad_inputs(OP),

@@ -888,6 +888,13 @@ def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     return dout, q, k, v, o.to(tdt), lse.to(torch.float32), causal, None
 
 
+def kv_group_slice(problem: dict) -> tuple[dict, int]:
+    """One (batch, KV head) group and the group count: the kernel runs ``B * Hkv`` such
+    groups one after another, each with its own dK/dV accumulation over its query heads
+    (the cost model's ``OpSpec.model_slice``)."""
+    return {**problem, "b": 1, "hkv": 1}, problem["b"] * problem["hkv"]
+
+
 def _bad_inputs():
     """One bad input per op-boundary limit: (args, the argument the error must name)."""
     f = torch.zeros
@@ -966,6 +973,7 @@ SPEC = register(
             "large": {"b": 1, "hkv": 1, "groups": 1, "sq": 8192, "sk": 256, "d": 256},
         },
         kernels=(backward,),
+        model_slice=kv_group_slice,
         bad_inputs=_bad_inputs,
         budget_hints={
             "psum": "choose transpose='dma' or 'vector' to free PSUM banks",

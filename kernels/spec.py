@@ -35,6 +35,7 @@ __all__ = [
     "dtype_name",
     "get_spec",
     "register",
+    "shape_parser",
     "tunable",
 ]
 
@@ -205,7 +206,10 @@ class OpSpec:
         output_shapes: ``output_shapes(*op_args) -> [(shape, dtype)]`` for fake impls;
             default: the reference run on meta tensors.
         parse_shape: ``parse_shape("4096x4096x4096") -> problem``; default: positive ints
-            joined by ``x`` in the order of ``test_problems["probe"]``.
+            joined by ``x`` in the order of ``test_problems["probe"]``, then ``:<flag>`` for
+            each boolean entry of the probe to set (``"1x32x8x4096x4096x128:causal"``); the
+            flags not named are False. ``shape_parser(op, dims, flags)`` builds one with
+            other flags.
         shape_bucket: ``shape_bucket(problem) -> str``, the key tuned configs are stored
             under; default: each dim rounded up to a power of two (at least 128).
         kernels: the NKI kernels the op runs (their code is part of a tuned config's key).
@@ -222,6 +226,12 @@ class OpSpec:
         mutates: names of the (tensor or tensor-list) arguments the op updates in place.
             Such an op returns None; its reference updates the same arguments (the
             contract tests compare them), and ``torch_ops`` declares them as mutated.
+        model_slice: ``model_slice(problem) -> (slice_problem, copies)``: set when the
+            kernels run ``copies`` independent, identical pieces of ``slice_problem`` one
+            after another (attention's (batch, KV head) groups), sharing nothing but the
+            core. The tuner's model backend then traces one piece and multiplies its modeled
+            latency by ``copies`` (dropping only the overlap of one piece's tail with the
+            next one's head: a slight overestimate, tested in ``tests/autotune``).
     """
 
     name: str
@@ -245,10 +255,12 @@ class OpSpec:
     description: str = ""
     composite: Callable[..., Any] | None = None
     mutates: tuple[str, ...] = ()
+    model_slice: Callable[[dict], tuple[dict, int]] | None = None
 
     def __post_init__(self) -> None:
         if self.parse_shape is None:
-            object.__setattr__(self, "parse_shape", _shape_parser(self.name, self.dims))
+            flags = tuple(k for k, v in self.test_problems["probe"].items() if isinstance(v, bool))
+            object.__setattr__(self, "parse_shape", shape_parser(self.name, self.dims, flags))
         if self.shape_bucket is None:
             object.__setattr__(self, "shape_bucket", _pow2_bucket)
         if self.output_shapes is None:
@@ -322,15 +334,24 @@ def _size_dims(problem: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(k for k, v in problem.items() if isinstance(v, int) and not isinstance(v, bool))
 
 
-def _shape_parser(op: str, dims: tuple[str, ...]) -> Callable[[str], dict]:
-    syntax = "x".join(d.upper() for d in dims)
+def shape_parser(
+    op: str, dims: tuple[str, ...], flags: tuple[str, ...] = ()
+) -> Callable[[str], dict]:
+    syntax = "x".join(d.upper() for d in dims) + "".join(f"[:{f}]" for f in flags)
 
     def parse_shape(text: str) -> dict:
-        """``"<d0>x<d1>..."`` -> problem dict (positive ints in the op's dimension order)."""
-        parts = str(text).lower().replace(",", "x").split("x")
+        """``"<d0>x<d1>...[:<flag>...]"`` -> problem dict (positive ints in the op's dimension
+        order, then each boolean flag: True when named)."""
+        sizes, *named = str(text).lower().split(":")
+        parts = sizes.replace(",", "x").split("x")
         if len(parts) != len(dims) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
             raise LimitError(op, "shape", f"must be {syntax} ({len(dims)} positive ints)", text)
-        return {d: int(p) for d, p in zip(dims, parts)}
+        unknown = [f for f in named if f.strip() not in flags]
+        if unknown:
+            raise LimitError(op, "shape flag", f"must be one of {list(flags)}", unknown[0])
+        problem: dict[str, Any] = {d: int(p) for d, p in zip(dims, parts)}
+        problem.update({f: f in {n.strip() for n in named} for f in flags})
+        return problem
 
     return parse_shape
 

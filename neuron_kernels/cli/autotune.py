@@ -120,7 +120,7 @@ def list_ops() -> str:
 
 
 def _points(args, spec):
-    from neuron_kernels.autotune.objective import Point
+    from neuron_kernels.autotune.objective import make_point
     from neuron_kernels.autotune.shapes import points_for
     from neuron_kernels.errors import LimitError
 
@@ -136,7 +136,7 @@ def _points(args, spec):
     points = []
     for text in args.shape:
         try:
-            points.append(Point(text, spec.parse_shape(text), dtype))
+            points.append(make_point(spec, text, dtype))
         except LimitError as exc:
             raise UsageError("--shape", text, exc.rule) from None
     return points

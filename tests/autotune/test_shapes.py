@@ -1,0 +1,55 @@
+"""The committed tuning points and the shape syntax they are written in."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_kernels.autotune.shapes import SHAPES, points_for
+from neuron_kernels.errors import LimitError
+from neuron_kernels.kernels import REGISTRY
+from neuron_kernels.kernels.spec import shape_parser
+
+
+def test_every_registered_op_has_committed_shapes():
+    assert set(SHAPES) == set(REGISTRY)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_each_point_is_stored_under_the_bucket_a_call_looks_up(name):
+    """The regression behind dead shipped entries: the tuner keyed on the parsed shape while
+    a call keys on ``spec.problem(*args)``, which also holds casting mode, amsgrad, causal."""
+    spec = REGISTRY[name]
+    for point in points_for(spec):
+        with torch.device("meta"):
+            args = spec.make_inputs(spec.parse_shape(point.shape), point.dtype, torch.Generator())
+        assert spec.shape_bucket(point.problem) == spec.shape_bucket(spec.problem(*args))
+        assert set(point.problem) == set(spec.problem(*args)), point.shape
+
+
+def test_attention_points_are_causal_and_norm_points_use_llama_casting():
+    for name in ("flash_attention", "flash_attention_fwd", "flash_attention_bwd"):
+        assert all(p.problem["causal"] is True for p in points_for(REGISTRY[name])), name
+    for name in ("rms_norm", "rms_norm_fwd", "rms_norm_bwd"):
+        assert {p.problem["casting_mode"] for p in points_for(REGISTRY[name])} == {"llama"}
+
+
+def test_shape_flags_are_false_unless_named():
+    parse = shape_parser("op", ("b", "s"), ("causal",))
+    assert parse("2x128") == {"b": 2, "s": 128, "causal": False}
+    assert parse("2x128:causal") == {"b": 2, "s": 128, "causal": True}
+    assert parse("2x128:CAUSAL") == {"b": 2, "s": 128, "causal": True}
+
+
+def test_an_unknown_flag_names_it_and_the_ones_allowed():
+    parse = shape_parser("op", ("b", "s"), ("causal",))
+    with pytest.raises(LimitError, match=r"shape flag.*\['causal'\].*casual"):
+        parse("2x128:casual")
+    with pytest.raises(LimitError, match=r"BxS\[:causal\]"):
+        parse("2x128x4:causal")
+
+
+def test_the_default_parser_takes_the_probe_booleans_as_flags():
+    spec = REGISTRY["flash_attention_fwd"]
+    assert spec.parse_shape("1x4x2x256x256x64:causal")["causal"] is True
+    assert spec.parse_shape("1x4x2x256x256x64")["causal"] is False
