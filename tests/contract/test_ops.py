@@ -288,6 +288,23 @@ def test_stored_perf_results_replay(name, target, entry):
     )
 
 
+@pytest.mark.parametrize("name,target,entry", list(_stored_entries()))
+def test_stored_perf_results_are_reachable(name, target, entry):
+    """A call with inputs of the entry's tuned shape runs the entry's config: the bucket it was
+    stored under is the one the op computes at call time (non-size keys such as a casting
+    mode, amsgrad or causal included), so no shipped entry is dead."""
+    spec = REGISTRY[name]
+    assert "shape" in entry, f"{name} entry {entry['shape_bucket']} does not say the shape it tuned"
+    with torch.device("meta"):
+        args = _inputs(spec, spec.parse_shape(entry["shape"]), entry["dtype"])
+    results._said.clear()
+    choice = routing.select_config(spec, args, target)
+    assert choice.entry == entry, (
+        f"perf_results/{target}/{name}.json: a call at {entry['shape']} looks up bucket "
+        f"{spec.shape_bucket(spec.problem(*args))!r}, not the entry's {entry['shape_bucket']!r}"
+    )
+
+
 @pytest.mark.parametrize("name", OPS)
 def test_spec_declares_everything(name):
     """Tolerances for every dtype with a reason, defaults among the choices, a reason per default."""
