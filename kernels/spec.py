@@ -353,6 +353,7 @@ def shape_parser(
         problem.update({f: f in {n.strip() for n in named} for f in flags})
         return problem
 
+    parse_shape.syntax = syntax  # what `neuron-kernels autotune --list` shows
     return parse_shape
 
 

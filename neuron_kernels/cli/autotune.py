@@ -111,7 +111,8 @@ def list_ops() -> str:
         size = 1
         for c in space.values():
             size *= len(c)
-        lines.append(f"{name}  ({size} configs; shape {'x'.join(d.upper() for d in spec.dims)})")
+        syntax = getattr(spec.parse_shape, "syntax", "x".join(d.upper() for d in spec.dims))
+        lines.append(f"{name}  ({size} configs; shape {syntax})")
         for field, choices in space.items():
             shown = ", ".join(repr(c) for c in choices)
             lines.append(f"  {field:<14} default {default[field]!r:<8} of {shown}")
@@ -143,8 +144,9 @@ def _points(args, spec):
 
 
 def summary_table(results) -> str:
+    width = max([19, *(len(r.point.shape) for r in results)]) + 1  # ':causal' shapes run long
     head = (
-        f"{'shape':<20}{'dtype':<10}{'default':>12}{'best':>12}{'speedup':>9}"
+        f"{'shape':<{width}}{'dtype':<10}{'default':>12}{'best':>12}{'speedup':>9}"
         f"{'of floor':>10}{'trials':>8}{'pruned':>8}{'failed':>8}"
     )
     lines = [head]
@@ -154,7 +156,7 @@ def summary_table(results) -> str:
             return f"{v:,.1f}us" if v is not None else "-"
 
         lines.append(
-            f"{r.point.shape:<20}{r.point.dtype:<10}{us(r.default_us):>12}{us(r.best_us):>12}"
+            f"{r.point.shape:<{width}}{r.point.dtype:<10}{us(r.default_us):>12}{us(r.best_us):>12}"
             f"{(f'{r.speedup:.2f}x' if r.speedup else '-'):>9}"
             f"{(f'{100 * r.floor_fraction:.1f}%' if r.floor_fraction else '-'):>10}"
             f"{r.trials:>8}{r.pruned:>8}{r.failed:>8}"
