@@ -23,15 +23,21 @@ from pathlib import Path
 import optuna
 
 from neuron_kernels.autotune.backends import ModelBackend
-from neuron_kernels.autotune.objective import params_key
+from neuron_kernels.autotune.objective import make_point, params_key
 from neuron_kernels.autotune.study import make_sampler
 from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels.spec import get_spec
 
-CASES = [  # (op, shape, dtype): a square, a small-M (B-stationary territory), an fp32 one
+CASES = [  # (op, shape, dtype)
+    # matmul: a square, a small-M (B-stationary territory), an fp32 one
     ("matmul", "1024x1024x1024", "bfloat16"),
     ("matmul", "256x4096x1024", "bfloat16"),
     ("matmul", "2048x2048x1024", "float32"),
+    # the other kernels' spaces, at shapes whose full sweep takes about a minute
+    ("rms_norm_bwd", "2048x4096", "bfloat16"),
+    ("flash_attention_fwd", "1x4x1x1024x1024x128:causal", "bfloat16"),
+    ("flash_attention_bwd", "1x1x4x1024x1024x128:causal", "bfloat16"),
+    ("fused_adamw_", "9x1048576", "float32"),
 ]
 WITHIN = 0.02
 MAX_TRIALS = 2000  # a search that has not got within 2% by then reports its evaluations so far
@@ -40,7 +46,7 @@ MAX_TRIALS = 2000  # a search that has not got within 2% by then reports its eva
 def sweep(op: str, shape: str, dtype: str, target: str) -> dict:
     """params_key -> modeled latency (us), or None for a config the op's check rejects."""
     spec = get_spec(op)
-    problem = spec.parse_shape(shape)
+    problem = make_point(spec, shape, dtype).problem  # as the tuner sees it (casting mode, ...)
     backend = ModelBackend(target)
     table = {}
     for config in spec.config.all_configs():
