@@ -6,7 +6,11 @@
 Each study is named by what makes its numbers comparable (op, shape, dtype, target,
 backend, kernel hash, cost-model version), so re-running the same command resumes it and a
 changed kernel starts afresh. The default config is enqueued first, so the best is never
-worse than the default. ``jobs`` worker processes share the study through its storage
+worse than the default; then, unless ``warm_start`` is off, the configs already tuned for
+the op at its nearest other shapes (:func:`warm_start_configs`), so a new shape starts
+from what won next door instead of from scratch.
+
+``jobs`` worker processes share the study through its storage
 (Optuna's distributed mode: each worker asks the storage for trials); a trial budget counts
 the trials of every worker. The best config per point is merged into
 ``perf_results/<target>/<op>.json`` (:mod:`neuron_kernels.autotune.results`).
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -31,6 +36,7 @@ from neuron_kernels.autotune import results
 from neuron_kernels.autotune.backends import make_backend
 from neuron_kernels.autotune.objective import GateFailure, Objective, Point, gate_reason, params_key
 from neuron_kernels.autotune.storage import open_storage
+from neuron_kernels.errors import LimitError
 
 __all__ = [
     "SAMPLERS",
@@ -41,6 +47,7 @@ __all__ = [
     "study_name",
     "summarize",
     "tune",
+    "warm_start_configs",
 ]
 
 TUNER_VERSION = "1"
@@ -92,6 +99,64 @@ def study_name(spec, point: Point, target: str, backend: str) -> str:
     version = f"model{COST_MODEL_VERSION}" if backend == "model" else "hw"
     digest = results.kernel_hash(spec).removeprefix("sha256:")[:12]
     return f"{spec.name}/{point.shape}/{point.dtype}/{target}/{backend}/{version}/{digest}"
+
+
+def _shape_distance(a: str, b: str) -> float:
+    """How far apart two shapes in an op's syntax are: the sum of |log2| of the ratios of
+    their dimensions (flags such as ``:causal`` must match); infinite when not comparable."""
+    dims_a, flags_a = a.split(":")[0], a.split(":")[1:]
+    dims_b, flags_b = b.split(":")[0], b.split(":")[1:]
+    xs, ys = re.findall(r"\d+", dims_a), re.findall(r"\d+", dims_b)
+    if flags_a != flags_b or len(xs) != len(ys) or not xs:
+        return math.inf
+    return sum(abs(math.log2(max(int(x), 1) / max(int(y), 1))) for x, y in zip(xs, ys))
+
+
+def warm_start_configs(
+    spec, point: Point, target: str, limit: int, root: Path | None = None
+) -> list[tuple[dict, str]]:
+    """Up to ``limit`` distinct configs from the op's ``perf_results`` entries (same target
+    and dtype), nearest shape first, each as ``(config, the shape it was tuned at)``.
+
+    Entries of another kernel hash count too (after a kernel change the old winners are
+    still the best first guesses), but the default config and any config the op's ``check``
+    refuses at ``point`` are left out, so no warm-start trial is spent on a known answer or
+    a pruned config. An unreadable results file gives no warm start, never an error.
+    """
+    path = results.results_path(spec.name, target, root)
+    if limit <= 0 or not path.exists():
+        return []
+    try:
+        entries = results.load_entries(path, spec.name, target)
+    except (OSError, ValueError):
+        return []
+    here = spec.shape_bucket(point.problem)
+    current = results.kernel_hash(spec)
+
+    def rank(e: dict) -> tuple:
+        same = e["shape_bucket"] == here
+        distance = 0.0 if same else _shape_distance(point.shape, e.get("shape", ""))
+        return (not same, distance, e["kernel_hash"] != current, e.get("shape", ""))
+
+    seen = {params_key(spec.config.default().to_dict())}
+    out: list[tuple[dict, str]] = []
+    for e in sorted((e for e in entries if e["dtype"] == point.dtype), key=rank):
+        try:
+            config = spec.config.from_dict(e["config"])
+        except (LimitError, TypeError):
+            continue  # the op's tunables changed since
+        key = params_key(config.to_dict())
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            spec.check(point.problem, point.dtype, config, target)
+        except LimitError:
+            continue  # it cannot run at this point
+        out.append((config.to_dict(), e.get("shape", e["shape_bucket"])))
+        if len(out) == limit:
+            break
+    return out
 
 
 def _counted(t) -> bool:
@@ -287,8 +352,12 @@ def tune(
     progress: bool = False,
     gate: Callable = gate_reason,
     heartbeat: tuple[int, int] | None = None,
+    warm_start: bool = True,
 ) -> list[PointResult]:
     """Tune ``spec`` at each point; returns one :class:`PointResult` per point (see module).
+
+    ``warm_start`` enqueues, after the default, up to a quarter of the budget of configs
+    tuned at the op's nearest other shapes (read from ``results_root``).
 
     ``backend`` is ``"model"``, ``"hardware"`` or an object with ``name``, ``source`` and
     ``measure(spec, problem, dtype, config)`` (tests pass synthetic ones; ``jobs`` 1 then).
@@ -310,6 +379,9 @@ def tune(
             study_name=name, storage=storage, direction="minimize", load_if_exists=True
         )
         study.enqueue_trial(spec.config.default().to_dict(), skip_if_exists=True)
+        if warm_start:
+            for config, shape in warm_start_configs(spec, point, target, trials // 4, results_root):
+                study.enqueue_trial(config, user_attrs={"warm_start": shape}, skip_if_exists=True)
         bar = _Progress(progress, point, trials)
         kwargs = dict(
             point=point,

@@ -68,6 +68,11 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--no-write", action="store_true", help="do not write perf_results")
     parser.add_argument(
+        "--no-warm-start",
+        action="store_true",
+        help="do not enqueue the configs already tuned at the op's nearest other shapes",
+    )
+    parser.add_argument(
         "--report", default=None, metavar="DIR", help="write plots (PNG and HTML) into DIR"
     )
     parser.add_argument("--list", action="store_true", help="list ops and their tunables")
@@ -266,6 +271,7 @@ def main(args) -> int:
             write=not args.no_write,
             results_root=results_root,
             progress=not args.quiet,
+            warm_start=not args.no_warm_start,
         )
     except BackendUnavailable as exc:
         raise UsageError("--backend", backend, str(exc)) from None

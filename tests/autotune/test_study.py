@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from neuron_kernels.autotune import results
 from neuron_kernels.autotune.objective import Point, gate_reason, params_key
-from neuron_kernels.autotune.study import SamplerError, make_sampler, tune
+from neuron_kernels.autotune.study import SamplerError, make_sampler, tune, warm_start_configs
 from neuron_kernels.kernels import matmul
 
 POINT = Point("64x64x64", {"m": 64, "n": 64, "k": 64}, "bfloat16")
@@ -172,3 +172,68 @@ def test_journal_storage_holds_a_study_that_a_second_run_continues(tmp_path):
     (second,) = _tune(tmp_path, backend, trials=8, sampler="random", storage=url)
     assert first.study_name == second.study_name and second.trials == 8
     assert len(backend.calls) == 8 - first.trials - second.pruned + first.pruned
+
+
+def _ship(root, config: dict, shape: str, kernel_hash=None) -> None:
+    """A perf_results entry for the synthetic op, as a tune at ``shape`` would write it."""
+    m, n, k = (int(v) for v in shape.split("x"))
+    entry = {
+        "shape_bucket": syn.SPEC.shape_bucket({"m": m, "n": n, "k": k}),
+        "dtype": "bfloat16",
+        "shape": shape,
+        "kernel_hash": kernel_hash or results.kernel_hash(syn.SPEC),
+        "model_version": "0",
+        "source": "modeled",
+        "config": config,
+    }
+    results.write_entry(syn.SPEC, entry, "trn2", root)
+
+
+def test_a_new_shape_starts_from_the_configs_tuned_at_the_nearest_shapes(tmp_path):
+    perf = tmp_path / "perf"
+    same = {"tile": 4, "depth": 1, "order": "a"}  # POINT's own bucket (64 rounds up to 128)
+    near = {"tile": 8, "depth": 1, "order": "b"}
+    far = {"tile": 2, "depth": 3, "order": "b"}
+    refused = {"tile": 8, "depth": 3, "order": "a"}  # the plan refuses it at any shape
+    _ship(perf, far, "4096x4096x4096")
+    _ship(perf, near, "256x128x128")
+    _ship(perf, refused, "128x256x128")
+    _ship(perf, syn.SyntheticConfig.default().to_dict(), "128x128x256")
+    _ship(perf, same, "128x128x128")
+    (r,) = _tune(tmp_path, syn.SyntheticBackend(), trials=12, sampler="random")
+    first = _trials(tmp_path, r)[:4]
+    assert first[0].params == syn.SyntheticConfig.default().to_dict()
+    # the same bucket, then nearest first; the default is not run twice and the refused
+    # config spends no trial
+    assert [t.params for t in first[1:]] == [same, near, far]
+    warm_from = [t.user_attrs.get("warm_start") for t in first]
+    assert warm_from == [None, "128x128x128", "256x128x128", "4096x4096x4096"]
+
+
+def test_warm_start_takes_at_most_a_quarter_of_the_budget_and_can_be_turned_off(tmp_path):
+    perf = tmp_path / "perf"
+    for i, tile in enumerate((1, 2, 4, 8)):
+        for j, depth in enumerate((1, 2)):
+            _ship(perf, {"tile": tile, "depth": depth, "order": "b"}, f"{256 << i}x{256 << j}x128")
+    # entries of another version of the kernel still seed the search (old winners are the
+    # best first guesses after a change), after the current kernel's at the same distance
+    _ship(perf, {"tile": 2, "depth": 2, "order": "a"}, "256x128x256", kernel_hash="sha256:old")
+    warm = warm_start_configs(syn.SPEC, POINT, "trn2", 20, perf)
+    assert len(warm) == 9 and warm[0] == ({"tile": 1, "depth": 1, "order": "b"}, "256x256x128")
+    assert warm[1] == ({"tile": 2, "depth": 2, "order": "a"}, "256x128x256")
+    (r,) = _tune(tmp_path, syn.SyntheticBackend(), trials=12, sampler="random")
+    assert sum("warm_start" in t.user_attrs for t in _trials(tmp_path, r)) == 12 // 4
+    storage = f"sqlite:///{tmp_path / 'cold.db'}"
+    (cold,) = tune(
+        syn.SPEC,
+        [POINT],
+        trials=12,
+        storage_url=storage,
+        backend=syn.SyntheticBackend(),
+        gate=syn.no_gate,
+        results_root=perf,
+        sampler="random",
+        warm_start=False,
+    )
+    trials = optuna.load_study(study_name=cold.study_name, storage=storage).get_trials()
+    assert len(trials) >= 12 and not any("warm_start" in t.user_attrs for t in trials)
