@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_kernels.hardware import target_from_name
+from neuron_kernels.kernels.spec import MEASURE_SEED
 
 __all__ = [
     "BACKENDS",
@@ -49,8 +50,8 @@ class Measurement:
     """One config's latency at the full problem, and the floor it is compared with.
 
     ``floor_us`` is the larger of the TensorE floor (its matmul FLOPs at BF16 peak) and the
-    DMA floor (the op's inputs and outputs moved once at the core's DMA rate): no config
-    can beat it. Both are modeled, also for a hardware measurement.
+    DMA floor (``OpSpec.min_traffic_bytes``: inputs read once, outputs and in-place updates
+    written once, at the core's DMA rate): no config can beat it. Both are modeled, also for a hardware measurement.
     """
 
     latency_us: float
@@ -76,7 +77,7 @@ def _floors(report, spec, problem: dict, dtype: str, copies: int = 1) -> tuple[f
     rate_gbps = min(
         float(params.dma_core_gbps), float(params.dma_engine_gbps) * int(params.dma_engines)
     )
-    dma_ns = spec.host_bytes(problem, dtype) / rate_gbps
+    dma_ns = spec.min_traffic_bytes(problem, dtype) / rate_gbps
     tensor_ns = copies * report.floors_ns()["tensor"]
     return (tensor_ns / 1e3, "TensorE") if tensor_ns >= dma_ns else (dma_ns / 1e3, "DMA")
 
@@ -100,7 +101,9 @@ class ModelBackend:
 
         key = (spec.name, tuple(sorted(problem.items())), dtype)
         if key not in self._inputs:
-            self._inputs[key] = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(0))
+            self._inputs[key] = spec.make_inputs(
+                problem, dtype, torch.Generator().manual_seed(MEASURE_SEED)
+            )
         return self._inputs[key]
 
     def trace_inputs(self, spec, problem: dict, dtype: str) -> tuple:
@@ -112,7 +115,9 @@ class ModelBackend:
         key = ("trace", spec.name, tuple(sorted(problem.items())), dtype)
         if key not in self._inputs:
             with torch.device("meta"):
-                metas = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(0))
+                metas = spec.make_inputs(
+                    problem, dtype, torch.Generator().manual_seed(MEASURE_SEED)
+                )
             self._inputs[key] = _materialize(metas)
         return self._inputs[key]
 

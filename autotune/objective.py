@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import optuna
 
 from neuron_kernels.errors import LimitError
+from neuron_kernels.kernels.spec import MEASURE_SEED
 
 __all__ = ["GateFailure", "Objective", "Point", "gate_reason", "make_point", "params_key"]
 
@@ -50,7 +51,9 @@ def make_point(spec, shape: str, dtype: str) -> Point:
     import torch
 
     with torch.device("meta"):
-        args = spec.make_inputs(spec.parse_shape(shape), dtype, torch.Generator().manual_seed(0))
+        args = spec.make_inputs(
+            spec.parse_shape(shape), dtype, torch.Generator().manual_seed(MEASURE_SEED)
+        )
     return Point(shape, spec.problem(*args), dtype)
 
 

@@ -36,7 +36,8 @@ def render_table(folder: Path, target: str) -> str:
         "do not edit by hand. Latencies are per the `source` column: **modeled** (the "
         "neuron-kernels cost model, not a measurement) or **hardware** (a Trn run). The floor "
         "is the larger of the TensorE floor (the op's matmul FLOPs at BF16 peak) and the DMA "
-        "floor (inputs and outputs moved once at the core's DMA rate); both are modeled.",
+        "floor (inputs read once, outputs and in-place updates written once, at the core's DMA "
+        "rate); both are modeled.",
         "",
         "| op | shape | dtype | source | default (us) | tuned (us) | speedup | floor (us) | "
         "tuned / floor | binds | trials | config |",

@@ -24,6 +24,7 @@ from neuron_kernels.hardware import Target, target_from_name, usable_psum_banks
 __all__ = [
     "DTYPES",
     "ITEMSIZE",
+    "MEASURE_SEED",
     "FunctionRunner",
     "REGISTRY",
     "OpSpec",
@@ -42,6 +43,9 @@ __all__ = [
 # The floating dtypes an op accepts unless it says otherwise, and their element sizes.
 DTYPES = ("float32", "bfloat16", "float16")
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int8": 1, "uint8": 1}
+# The seed of the inputs a problem is measured on (tuner, profile) and whose bytes its floor
+# and host memory count: one seed, so an op that draws sizes is counted as it is measured.
+MEASURE_SEED = 0
 
 
 def dtype_name(t) -> str:
@@ -310,17 +314,46 @@ class OpSpec:
 
     def host_bytes(self, problem: dict, dtype: str) -> int:
         """Bytes of host memory the op's inputs and outputs take at ``problem``: what a run
-        must allocate before any kernel starts (computed on meta tensors, allocating none)."""
+        must allocate before any kernel starts (computed on meta tensors, allocating none).
+        The inputs are those of seed :data:`MEASURE_SEED`, the ones the tuner and ``profile``
+        measure (an op may draw its sizes, as AdamW draws its tensor list)."""
         import torch
 
         with torch.device("meta"):
-            args = self.make_inputs(problem, dtype, torch.Generator())
+            args = self.make_inputs(problem, dtype, torch.Generator().manual_seed(MEASURE_SEED))
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         tensors += [a for a in args if isinstance(a, (list, tuple)) for a in a]  # tensor lists
         total = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
         for shape, out_dtype in self.output_shapes(*args):
             total += math.prod(shape) * torch.empty((), dtype=out_dtype).element_size()
         return total
+
+    def mutated_tensors(self, args) -> list:
+        """The tensors among ``args`` (``run_kernels``' positional arguments) that the op
+        updates in place (its ``mutates`` arguments), flattened."""
+        import inspect
+
+        names = [
+            n
+            for n in inspect.signature(self.run_kernels).parameters
+            if n not in ("config", "runner")
+        ]
+        out = []
+        for name in self.mutates:
+            value = args[names.index(name)]
+            out.extend(value if isinstance(value, (list, tuple)) else [value])
+        return out
+
+    def min_traffic_bytes(self, problem: dict, dtype: str) -> int:
+        """The least HBM traffic a run at ``problem`` can have, the DMA floor's bytes: every
+        input read once, every output written once, and every tensor updated in place
+        (``mutates``) read and written back once (inputs of seed :data:`MEASURE_SEED`)."""
+        import torch
+
+        with torch.device("meta"):
+            args = self.make_inputs(problem, dtype, torch.Generator().manual_seed(MEASURE_SEED))
+        written_back = sum(t.numel() * t.element_size() for t in self.mutated_tensors(args))
+        return self.host_bytes(problem, dtype) + written_back
 
     def is_valid(self, problem: dict, dtype: str, config: TunableConfig, target) -> bool:
         try:

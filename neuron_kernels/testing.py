@@ -33,16 +33,7 @@ def copy_args(args, dtype=None) -> tuple:
 
 def mutated_tensors(spec, args) -> list:
     """The tensors an in-place op updates (its ``spec.mutates`` arguments), flattened."""
-    import inspect
-
-    names = [
-        n for n in inspect.signature(spec.run_kernels).parameters if n not in ("config", "runner")
-    ]
-    out = []
-    for name in spec.mutates:
-        value = args[names.index(name)]
-        out.extend(value if isinstance(value, (list, tuple)) else [value])
-    return out
+    return spec.mutated_tensors(args)
 
 
 def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: str = "") -> None:

@@ -129,6 +129,7 @@ def main(args) -> int:
 
     from neuron_kernels.cost_model.profiler import Profiler
     from neuron_kernels.errors import LimitError
+    from neuron_kernels.kernels.spec import MEASURE_SEED
 
     spec, problem, dtype = read_op_and_problem(args)
     target = read_target(args.target)
@@ -151,7 +152,7 @@ def main(args) -> int:
             f"more than half of the {have / 2**30:.1f} GiB available here",
         )
     profiler = Profiler(target=target.name, compute=False, **overrides)
-    inputs = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(0))
+    inputs = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(MEASURE_SEED))
     spec.run_kernels(*inputs, config=config, runner=profiler)
     report = profiler.report()
     print(

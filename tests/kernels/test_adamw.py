@@ -291,3 +291,20 @@ def test_stochastic_rounding_is_unbiased():
     assert set(args[0][0].unique().tolist()) == {lo, 1.0}
     assert abs(mean - exact.item()) <= bound, (mean, exact.item(), bound)
     assert abs(1.0 - exact.item()) > 20 * bound  # the bound does tell rounding modes apart
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_the_dma_floor_counts_each_updated_tensor_read_and_written_back(amsgrad):
+    """One step reads p, g, m, v (and vmax) and writes p, m, v (and vmax) back: fp32, that
+    is 28 bytes per element (36 with amsgrad), the bytes `benchmarks/adamw.py` divides by;
+    `host_bytes` (what a run allocates) counts each tensor once."""
+    problem = {"tensors": 3, "numel": 1000, "amsgrad": amsgrad, "rounding": False}
+    with torch.device("meta"):
+        args = adamw.SPEC.make_inputs(problem, "float32", torch.Generator().manual_seed(0))
+    elements = sum(p.numel() for p in args[0])
+    scalars = sum(t.numel() * 4 for t in args[5]) + 4 + 4  # steps, grad_scale, found_inf
+    per_element = 36 if amsgrad else 28
+    expected = per_element * elements + scalars
+    assert adamw.SPEC.min_traffic_bytes(problem, "float32") == expected
+    read_once = (20 if amsgrad else 16) * elements + scalars  # p, g, m, v (and vmax)
+    assert adamw.SPEC.host_bytes(problem, "float32") == read_once
