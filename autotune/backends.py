@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_kernels.hardware import target_from_name
-from neuron_kernels.kernels.spec import MEASURE_SEED
+from neuron_kernels.kernels.spec import measure_generator
 
 __all__ = [
     "BACKENDS",
@@ -51,7 +51,8 @@ class Measurement:
 
     ``floor_us`` is the larger of the TensorE floor (its matmul FLOPs at BF16 peak) and the
     DMA floor (``OpSpec.min_traffic_bytes``: inputs read once, outputs and in-place updates
-    written once, at the core's DMA rate): no config can beat it. Both are modeled, also for a hardware measurement.
+    written once, at the core's DMA rate): no config can beat it. Both are modeled, also for
+    a hardware measurement.
     """
 
     latency_us: float
@@ -97,13 +98,10 @@ class ModelBackend:
     def inputs(self, spec, problem: dict, dtype: str) -> tuple:
         """The op's inputs at ``problem`` with values (what a hardware run needs), built
         once per point."""
-        import torch
 
         key = (spec.name, tuple(sorted(problem.items())), dtype)
         if key not in self._inputs:
-            self._inputs[key] = spec.make_inputs(
-                problem, dtype, torch.Generator().manual_seed(MEASURE_SEED)
-            )
+            self._inputs[key] = spec.make_inputs(problem, dtype, measure_generator())
         return self._inputs[key]
 
     def trace_inputs(self, spec, problem: dict, dtype: str) -> tuple:
@@ -115,9 +113,7 @@ class ModelBackend:
         key = ("trace", spec.name, tuple(sorted(problem.items())), dtype)
         if key not in self._inputs:
             with torch.device("meta"):
-                metas = spec.make_inputs(
-                    problem, dtype, torch.Generator().manual_seed(MEASURE_SEED)
-                )
+                metas = spec.make_inputs(problem, dtype, measure_generator())
             self._inputs[key] = _materialize(metas)
         return self._inputs[key]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import optuna
 
 from neuron_kernels.errors import LimitError
-from neuron_kernels.kernels.spec import MEASURE_SEED
+from neuron_kernels.kernels.spec import measure_generator
 
 __all__ = ["GateFailure", "Objective", "Point", "gate_reason", "make_point", "params_key"]
 
@@ -51,9 +51,7 @@ def make_point(spec, shape: str, dtype: str) -> Point:
     import torch
 
     with torch.device("meta"):
-        args = spec.make_inputs(
-            spec.parse_shape(shape), dtype, torch.Generator().manual_seed(MEASURE_SEED)
-        )
+        args = spec.make_inputs(spec.parse_shape(shape), dtype, measure_generator())
     return Point(shape, spec.problem(*args), dtype)
 
 
@@ -73,7 +71,6 @@ def gate_reason(spec, config, dtype: str, target: str, problem: dict | None = No
         InterpreterRunner,
         assert_within_tolerance,
         copy_args,
-        mutated_tensors,
     )
 
     problem = dict(problem or spec.test_problems["probe"])
@@ -91,7 +88,7 @@ def gate_reason(spec, config, dtype: str, target: str, problem: dict | None = No
             ran, ref = copy_args(args), copy_args(args, torch.float64)
             spec.run_kernels(*ran, config=config, runner=InterpreterRunner(target))
             spec.reference(*ref, upcast=True)
-            for i, (g, w) in enumerate(zip(mutated_tensors(spec, ran), mutated_tensors(spec, ref))):
+            for i, (g, w) in enumerate(zip(spec.mutated_tensors(ran), spec.mutated_tensors(ref))):
                 assert_within_tolerance(g, w, tol, f"at {problem} [updated tensor {i}]")
     except AssertionError as exc:
         return f"wrong result on the interpreter: {str(exc).splitlines()[0]}"

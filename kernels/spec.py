@@ -25,6 +25,7 @@ __all__ = [
     "DTYPES",
     "ITEMSIZE",
     "MEASURE_SEED",
+    "measure_generator",
     "FunctionRunner",
     "REGISTRY",
     "OpSpec",
@@ -46,6 +47,13 @@ ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int8": 1, "u
 # The seed of the inputs a problem is measured on (tuner, profile) and whose bytes its floor
 # and host memory count: one seed, so an op that draws sizes is counted as it is measured.
 MEASURE_SEED = 0
+
+
+def measure_generator():
+    """A ``torch.Generator`` seeded with :data:`MEASURE_SEED`."""
+    import torch
+
+    return torch.Generator().manual_seed(MEASURE_SEED)
 
 
 def dtype_name(t) -> str:
@@ -317,10 +325,19 @@ class OpSpec:
         must allocate before any kernel starts (computed on meta tensors, allocating none).
         The inputs are those of seed :data:`MEASURE_SEED`, the ones the tuner and ``profile``
         measure (an op may draw its sizes, as AdamW draws its tensor list)."""
+        return self._host_bytes(self._meta_inputs(problem, dtype))
+
+    def _meta_inputs(self, problem: dict, dtype: str) -> tuple:
+        """The :data:`MEASURE_SEED` inputs at ``problem`` on the meta device (nothing allocated)."""
         import torch
 
         with torch.device("meta"):
-            args = self.make_inputs(problem, dtype, torch.Generator().manual_seed(MEASURE_SEED))
+            return self.make_inputs(problem, dtype, measure_generator())
+
+    def _host_bytes(self, args) -> int:
+        """Bytes of the tensors in ``args`` (also inside tensor lists) and of the outputs."""
+        import torch
+
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         tensors += [a for a in args if isinstance(a, (list, tuple)) for a in a]  # tensor lists
         total = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
@@ -348,12 +365,9 @@ class OpSpec:
         """The least HBM traffic a run at ``problem`` can have, the DMA floor's bytes: every
         input read once, every output written once, and every tensor updated in place
         (``mutates``) read and written back once (inputs of seed :data:`MEASURE_SEED`)."""
-        import torch
-
-        with torch.device("meta"):
-            args = self.make_inputs(problem, dtype, torch.Generator().manual_seed(MEASURE_SEED))
+        args = self._meta_inputs(problem, dtype)
         written_back = sum(t.numel() * t.element_size() for t in self.mutated_tensors(args))
-        return self.host_bytes(problem, dtype) + written_back
+        return self._host_bytes(args) + written_back
 
     def is_valid(self, problem: dict, dtype: str, config: TunableConfig, target) -> bool:
         try:

@@ -12,7 +12,6 @@ __all__ = [
     "assert_within_tolerance",
     "copy_args",
     "interpreter_runner_for",
-    "mutated_tensors",
     "run_kernel",
 ]
 
@@ -29,11 +28,6 @@ def copy_args(args, dtype=None) -> tuple:
         return a
 
     return tuple(copy(a) for a in args)
-
-
-def mutated_tensors(spec, args) -> list:
-    """The tensors an in-place op updates (its ``spec.mutates`` arguments), flattened."""
-    return spec.mutated_tensors(args)
 
 
 def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: str = "") -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from neuron_kernels.testing import copy_args, mutated_tensors
+from neuron_kernels.testing import copy_args
 
 __all__ = ["SIZES", "TOLERANCE_SCALE", "DemoRun", "add_arguments", "main", "run_checks"]
 
@@ -52,7 +52,7 @@ def _results(spec, args, runner) -> list:
     ran, ref = copy_args(args), copy_args(args, torch.float64)
     spec.run_kernels(*ran, config=config, runner=runner)
     spec.reference(*ref, upcast=True)
-    return list(zip(mutated_tensors(spec, ran), mutated_tensors(spec, ref)))
+    return list(zip(spec.mutated_tensors(ran), spec.mutated_tensors(ref)))
 
 
 def run_checks(target: str = "trn2", size: str = "small", seed: int = 0) -> list[DemoRun]:

@@ -125,11 +125,10 @@ def read_op_and_problem(args):
 
 
 def main(args) -> int:
-    import torch
 
     from neuron_kernels.cost_model.profiler import Profiler
     from neuron_kernels.errors import LimitError
-    from neuron_kernels.kernels.spec import MEASURE_SEED
+    from neuron_kernels.kernels.spec import measure_generator
 
     spec, problem, dtype = read_op_and_problem(args)
     target = read_target(args.target)
@@ -152,7 +151,7 @@ def main(args) -> int:
             f"more than half of the {have / 2**30:.1f} GiB available here",
         )
     profiler = Profiler(target=target.name, compute=False, **overrides)
-    inputs = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(MEASURE_SEED))
+    inputs = spec.make_inputs(problem, dtype, measure_generator())
     spec.run_kernels(*inputs, config=config, runner=profiler)
     report = profiler.report()
     print(

@@ -21,7 +21,6 @@ from neuron_kernels.testing import (
     assert_within_tolerance,
     copy_args,
     interpreter_runner_for,
-    mutated_tensors,
     run_kernel,
 )
 from neuron_kernels.torch_ops import cpu_mode, routing
@@ -62,7 +61,7 @@ def _assert_matches_reference(spec, args, config, dtype, context, target=None):
     ran, ref = copy_args(args), copy_args(args, torch.float64)
     run_kernel(spec, ran, config, target=target)
     spec.reference(*ref, upcast=True)
-    got, want = mutated_tensors(spec, ran), mutated_tensors(spec, ref)
+    got, want = spec.mutated_tensors(ran), spec.mutated_tensors(ref)
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         assert_within_tolerance(g, w, tol, f"{context} [updated tensor {i}]")
@@ -185,7 +184,7 @@ def test_compile_fullgraph(name):
         eager_args, compiled_args = copy_args(args), copy_args(args)
         assert compiled(*compiled_args) is None and fn(*eager_args) is None
         torch.testing.assert_close(
-            mutated_tensors(spec, compiled_args), mutated_tensors(spec, eager_args)
+            spec.mutated_tensors(compiled_args), spec.mutated_tensors(eager_args)
         )
         return
     torch.testing.assert_close(compiled(*args), fn(*args))
