@@ -93,9 +93,31 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+# Subcommands that run without the NKI backend (they report it instead of using it).
+RUN_WITHOUT_BACKEND = ("doctor",)
+
+
+def _backend_refusal(command: str | None) -> str | None:
+    """The one-line error when ``NEURON_KERNELS_NKI`` kept the ops from loading (see
+    ``neuron_kernels.BACKEND_ERROR``) and ``command`` needs them, else None."""
+    import neuron_kernels
+
+    error = neuron_kernels.BACKEND_ERROR
+    if error is None or command not in SUBCOMMANDS or command in RUN_WITHOUT_BACKEND:
+        return None
+    return str(
+        UsageError(error.setting, error.value, f"{error.why} (neuron-kernels doctor says more)")
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _attach_negative_values(sys.argv[1:] if argv is None else list(argv))
     command = next((a for a in argv if not a.startswith("-")), None)
+    prog = f"neuron-kernels {command}"
+    refused = _backend_refusal(command)
+    if refused:
+        print(f"{prog}: error: {refused}", file=sys.stderr)
+        return EXIT_USAGE
     args = build_parser(command).parse_args(argv)
     prog = f"neuron-kernels {args.command}"
     try:
