@@ -24,7 +24,7 @@ import os
 import sys
 
 from neuron_kernels.cli import UsageError
-from neuron_kernels.cli._inputs import DTYPE_ALIASES, output_path
+from neuron_kernels.cli._inputs import DTYPE_ALIASES, op_problem, output_path
 from neuron_kernels.cli._inputs import target as read_target
 
 __all__ = ["add_arguments", "main"]
@@ -196,6 +196,7 @@ def _points(args, spec):
         raise UsageError("--dtype", args.dtype, f"must be one of {', '.join(spec.dtypes)}")
     points = []
     for text in args.shape:
+        op_problem(spec, "--shape", text, dtype)  # the op's own checks and host memory
         try:
             points.append(make_point(spec, text, dtype))
         except LimitError as exc:

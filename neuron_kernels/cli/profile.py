@@ -15,17 +15,13 @@ import sys
 from neuron_kernels.cli import UsageError
 from neuron_kernels.cli._inputs import (
     DTYPE_ALIASES,
-    host_memory_bytes,
+    op_problem,
     output_path,
     read_json_file,
 )
 from neuron_kernels.cli._inputs import target as read_target
 
 __all__ = ["add_arguments", "main", "DTYPE_ALIASES"]
-
-# A run builds the op's inputs in host memory; more than this share of what is available is
-# refused before anything is allocated (the rest is for the interpreter's own buffers).
-HOST_MEMORY_SHARE = 0.5
 
 
 def add_arguments(parser) -> None:
@@ -114,14 +110,14 @@ def read_op_and_problem(args):
         spec = get_spec(args.op)
     except LimitError as exc:
         raise UsageError("op", args.op, exc.rule) from None
-    try:
-        problem = spec.parse_shape(args.shape)
-    except LimitError as exc:
-        raise UsageError("--shape", args.shape, exc.rule) from None
     dtype = DTYPE_ALIASES.get(args.dtype.lower(), args.dtype.removeprefix("torch."))
     if dtype not in spec.dtypes:
+        try:
+            spec.parse_shape(args.shape)
+        except LimitError as exc:
+            raise UsageError("--shape", args.shape, exc.rule) from None
         raise UsageError("--dtype", args.dtype, f"must be one of {', '.join(spec.dtypes)}")
-    return spec, problem, dtype
+    return spec, op_problem(spec, "--shape", args.shape, dtype), dtype
 
 
 def main(args) -> int:
@@ -142,14 +138,6 @@ def main(args) -> int:
         raise UsageError(
             "--config", json.dumps(config.to_dict()), f"{exc} (at --shape {args.shape})"
         ) from None
-    need, have = spec.host_bytes(problem, dtype), host_memory_bytes()
-    if need > HOST_MEMORY_SHARE * have:
-        raise UsageError(
-            "--shape",
-            args.shape,
-            f"its {dtype} inputs and outputs take {need / 2**30:.1f} GiB of host memory, "
-            f"more than half of the {have / 2**30:.1f} GiB available here",
-        )
     profiler = Profiler(target=target.name, compute=False, **overrides)
     inputs = spec.make_inputs(problem, dtype, measure_generator())
     spec.run_kernels(*inputs, config=config, runner=profiler)

@@ -37,6 +37,34 @@ def _files(tmp):
             "rows": [{"op": "matmul", "shape": "8x8x8", "config": {"block_m": 3}, "measured_ms": 1}]
         },
         "bad-kernel-row.json": {"rows": [{"kernel": "no.such.module:k", "measured_ms": 1}]},
+        # issue 32 item 4: a non-kernel object, too few shapes, shapes the kernel refuses
+        "non-kernel-row.json": {
+            "rows": [
+                {
+                    "kernel": "neuron_kernels.kernels.matmul:SPEC",
+                    "shapes": [[4, 4]],
+                    "measured_ms": 1,
+                }
+            ]
+        },
+        "few-shapes-row.json": {
+            "rows": [{"kernel": "add_kernel:add", "shapes": [[4, 8]], "measured_ms": 1}]
+        },
+        "mismatched-shapes-row.json": {
+            "rows": [{"kernel": "add_kernel:add", "shapes": [[4, 8], [5, 4]], "measured_ms": 1}]
+        },
+        # issue 32 items 3, 7: a shape too big for host memory; H % Hkv != 0
+        "huge-op-row.json": {
+            "rows": [{"op": "matmul", "shape": "99999999999x4x4", "measured_ms": 1}]
+        },
+        "huge-kernel-row.json": {
+            "rows": [
+                {"kernel": "add_kernel:add", "shapes": [[99999999999, 4]] * 2, "measured_ms": 1}
+            ]
+        },
+        "gqa-row.json": {
+            "rows": [{"op": "flash_attention", "shape": "1x3x2x128x128x64", "measured_ms": 1}]
+        },
         "bad-kernel-shapes.json": {
             "rows": [
                 {
@@ -50,6 +78,25 @@ def _files(tmp):
     for name, doc in files.items():
         (tmp / name).write_text(doc if isinstance(doc, str) else json.dumps(doc))
     (tmp / "folder").mkdir()
+    (tmp / "add_kernel.py").write_text(ADD_KERNEL)
+
+
+ADD_KERNEL = """
+from neuron_kernels.backend import nl, nisa
+
+
+def add(a, b):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    ta = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+    tb = nl.ndarray(b.shape, dtype=b.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ta, src=a)
+    nisa.dma_copy(dst=tb, src=b)
+    nisa.tensor_tensor(dst=ta, data1=ta, data2=tb, op=nl.add)
+    nisa.dma_copy(dst=out, src=ta)
+    return out
+"""
+HUGE = "99999999999x4x4"
+GQA = "1x3x2x128x128x64"  # B H Hkv Sq Sk D with H % Hkv != 0
 
 
 # (argv, environment, the text the one line must contain: the setting and the value)
@@ -120,6 +167,18 @@ CASES = [
     (["calibrate", "--fit", "zero-ms.json", "--iterations", "-3"], {}, "--iterations -3"),
     (["calibrate", "--fit", "unknown-row.json", "--out", "no/such/o.json"], {}, "--out no/such"),
     (["bogus-command"], {}, "bogus-command"),
+    # issue 32 item 3: refused before allocating, in every command that builds inputs
+    (["autotune", "matmul", "--shape", HUGE, "--no-write"], {}, "GiB of host memory"),
+    (["calibrate", "--fit", "huge-op-row.json"], {}, "GiB of host memory"),
+    (["calibrate", "--fit", "huge-kernel-row.json"], {}, "GiB of host memory"),
+    # issue 32 item 4: calibrate --fit kernel rows
+    (["calibrate", "--fit", "non-kernel-row.json"], {}, "is not an NKI kernel"),
+    (["calibrate", "--fit", "few-shapes-row.json"], {}, "one array per argument of add (a, b)"),
+    (["calibrate", "--fit", "mismatched-shapes-row.json"], {}, "refused its shapes"),
+    # issue 32 item 7: every CLI path uses the op's own checks (H % Hkv == 0)
+    (["profile", "flash_attention", "--shape", GQA], {}, "H % Hkv == 0"),
+    (["autotune", "flash_attention", "--shape", GQA, "--no-write"], {}, "H % Hkv == 0"),
+    (["calibrate", "--fit", "gqa-row.json"], {}, "H % Hkv == 0"),
 ]
 
 
@@ -129,6 +188,9 @@ CASES = [
 def test_bad_input_is_one_line_exit_2(argv, env, expected, tmp_path, monkeypatch, capsys):
     _files(tmp_path)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # add_kernel.py
+    monkeypatch.setenv("NEURON_KERNELS_STUDIES", f"sqlite:///{tmp_path / 'studies.db'}")
+    monkeypatch.setenv("NEURON_KERNELS_PERF_RESULTS", str(tmp_path / "user-results"))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     try:
@@ -142,6 +204,7 @@ def test_bad_input_is_one_line_exit_2(argv, env, expected, tmp_path, monkeypatch
     assert "Traceback" not in err + out
     assert expected in lines[0], lines[0]
     assert lines[0].startswith("neuron-kernels"), lines[0]
+    assert not (tmp_path / "user-results").exists()  # nothing written
 
 
 def _console(*args, **kwargs):
