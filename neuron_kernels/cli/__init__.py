@@ -110,6 +110,18 @@ def _backend_refusal(command: str | None) -> str | None:
     )
 
 
+def _check_interpreter_settings() -> None:
+    """The interpreter's environment settings (``NKI_PRECISE_FP``), refused in one line before
+    any kernel runs, instead of a traceback from the first store."""
+    from neuron_kernels.errors import LimitError
+    from neuron_kernels.interpreter.dtypes import PRECISE_FP_ENV, precise_fp_from_env
+
+    try:
+        precise_fp_from_env()
+    except LimitError as exc:
+        raise UsageError(PRECISE_FP_ENV, os.environ.get(PRECISE_FP_ENV), exc.rule) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _attach_negative_values(sys.argv[1:] if argv is None else list(argv))
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -121,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(command).parse_args(argv)
     prog = f"neuron-kernels {args.command}"
     try:
+        if args.command not in RUN_WITHOUT_BACKEND:
+            _check_interpreter_settings()
         return int(importlib.import_module(args._module).main(args) or 0)
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

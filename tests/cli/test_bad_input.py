@@ -171,6 +171,9 @@ CASES = [
     (["calibrate", "--fit", "zero-ms.json", "--iterations", "-3"], {}, "--iterations -3"),
     (["calibrate", "--fit", "unknown-row.json", "--out", "no/such/o.json"], {}, "--out no/such"),
     (["bogus-command"], {}, "bogus-command"),
+    # issue 32 item 2: NKI_PRECISE_FP read before any kernel runs
+    (["demo"], {"NKI_PRECISE_FP": "maybe"}, "NKI_PRECISE_FP maybe: must be one of"),
+    (PROFILE, {"NKI_PRECISE_FP": "maybe"}, "NKI_PRECISE_FP maybe: must be one of"),
     # issue 32 item 3: refused before allocating, in every command that builds inputs
     (["autotune", "matmul", "--shape", HUGE, "--no-write"], {}, "GiB of host memory"),
     (["calibrate", "--fit", "huge-op-row.json"], {}, "GiB of host memory"),
@@ -248,3 +251,17 @@ def test_a_bad_input_as_a_user_sees_it(tmp_path):
     result = _console("profile", "matmul", "--shape", "256x256x256", "--param", "sync_ns=-1")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_demo_under_nki_precise_fp_0_runs_and_says_what_it_skipped(monkeypatch, capsys):
+    """Issue 32 item 2: bf16 fused_adamw_ with found_inf views bf16 bits as int16, which fp32
+    storage (NKI_PRECISE_FP=0) does not have: the demo used to crash; it now runs every other
+    kernel and names the one it skipped and why."""
+    monkeypatch.setenv("NKI_PRECISE_FP", "0")
+    assert main(["demo"]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    (skip,) = [line for line in out.splitlines() if "SKIP: " in line]
+    assert "fused_adamw_" in skip and "bfloat16" in skip and "NKI_PRECISE_FP=0" in skip
+    assert "1 skipped" in out
+    assert "of bound" in out  # issue 32 item 14: the column PASS/FAIL reads off
