@@ -120,6 +120,8 @@ def output_path(flag: str, path: str | None) -> str | None:
         raise UsageError(flag, path, f"its folder {os.path.dirname(path) or '.'} does not exist")
     if not os.access(folder, os.W_OK):
         raise UsageError(flag, path, f"its folder {os.path.dirname(path) or '.'} is not writable")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise UsageError(flag, path, "exists and is not writable")
     return path
 
 

@@ -154,8 +154,11 @@ def results_folder(args):
         return _writable_folder("--write-shipped", results.shipped_dir(), create="none")
     if args.results is not None:
         return _writable_folder("--results", args.results, create="leaf")
-    setting = results.PERF_RESULTS_ENV if os.environ.get(results.PERF_RESULTS_ENV) else "results"
-    _writable_folder(setting, results.user_dir(), create="chain")
+    env = os.environ.get(results.PERF_RESULTS_ENV)
+    if env:  # named by the user: checked here, before results.user_dir() would warn about it
+        _writable_folder(results.PERF_RESULTS_ENV, env, create="chain")
+    else:
+        _writable_folder("the user results folder", results.user_dir(), create="chain")
     return None
 
 

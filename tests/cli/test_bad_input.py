@@ -171,6 +171,18 @@ CASES = [
     (["calibrate", "--fit", "zero-ms.json", "--iterations", "-3"], {}, "--iterations -3"),
     (["calibrate", "--fit", "unknown-row.json", "--out", "no/such/o.json"], {}, "--out no/such"),
     (["bogus-command"], {}, "bogus-command"),
+    # issue 32 item 5: every output checked before any work, no parent folder made
+    (["autotune", "matmul", *S, "--storage", "sqlite:///no/such/s.db"], {}, "--storage no/such"),
+    (["autotune", "matmul", *S, "--results", "list.json"], {}, "--results list.json: is a file"),
+    (["autotune", "matmul", *S, "--results", "no/such/dir"], {}, "--results no/such/dir"),
+    (["autotune", "matmul", *S, "--report", "no/such/dir"], {}, "--report no/such/dir"),
+    (
+        ["autotune", "matmul", *S],
+        {"NEURON_KERNELS_PERF_RESULTS": "list.json"},
+        "NEURON_KERNELS_PERF_RESULTS list.json: is a file",
+    ),
+    (["parity", "--tolerance", "1", "--json", "no/such/p.json"], {}, "--json no/such/p.json"),
+    (["parity", "--tolerance", "1", "--png", "no/such/p.png"], {}, "--png no/such/p.png"),
     # issue 32 item 2: NKI_PRECISE_FP read before any kernel runs
     (["demo"], {"NKI_PRECISE_FP": "maybe"}, "NKI_PRECISE_FP maybe: must be one of"),
     (PROFILE, {"NKI_PRECISE_FP": "maybe"}, "NKI_PRECISE_FP maybe: must be one of"),
@@ -212,6 +224,7 @@ def test_bad_input_is_one_line_exit_2(argv, env, expected, tmp_path, monkeypatch
     assert expected in lines[0], lines[0]
     assert lines[0].startswith("neuron-kernels"), lines[0]
     assert not (tmp_path / "user-results").exists()  # nothing written
+    assert not (tmp_path / "no").exists()  # no missing parent folder was made
 
 
 def _console(*args, **kwargs):
