@@ -576,14 +576,34 @@ def reference(x, weight, eps=1e-6, offset=0.0, casting_mode="llama", upcast: boo
 # -- launch from torch -----------------------------------------------------------------------
 
 
+def check_h(spec, problem: dict, dtype: str, config, target):
+    """``spec.check``, with an SBUF refusal said in the caller's terms: "H must be <= N for
+    dtype D" (N from :func:`largest_h` at this config), not the plan's internal fields."""
+    try:
+        return spec.check(problem, dtype, config, target)
+    except LimitError as exc:
+        if not exc.arg.startswith("SBUF"):
+            raise
+        most = largest_h(spec, dtype, problem.get("casting_mode", "llama"), target, config)
+        raise LimitError(
+            spec.name,
+            "H (x.shape[-1])",
+            f"must be <= {most} for dtype {dtype} ({problem.get('casting_mode', 'llama')} "
+            f"casting) on {getattr(target, 'name', target)}: the row tile and the weight "
+            "must fit in SBUF",
+            problem["h"],
+            limit=most,
+        ) from None
+
+
 def _run_forward(x, weight, eps, offset, casting_mode, config, runner, spec):
     *batch, h = x.shape
     rows = math.prod(batch)
     if rows == 0 or h == 0:  # nothing to launch; rstd of an empty row is eps^-1/2, rounded once
         y, rstd = reference_fwd(x, weight, eps, offset, casting_mode, upcast=True)
         return y.to(x.dtype), rstd.float()
-    tiles = spec.check(
-        problem(x, weight, eps, offset, casting_mode), dtype_name(x), config, runner.target
+    tiles = check_h(
+        spec, problem(x, weight, eps, offset, casting_mode), dtype_name(x), config, runner.target
     )
     y, rstd = runner(
         forward,
