@@ -192,7 +192,7 @@ class FusedAdamW(torch.optim.Optimizer):
     def _buckets(self) -> list[tuple[dict, dict]]:
         """Per param group, the tensors with a gradient grouped by (device, dtype)."""
         out = []
-        for group in self.param_groups:
+        for group_index, group in enumerate(self.param_groups):
             buckets: dict = defaultdict(lambda: defaultdict(list))
             for index, p in enumerate(group["params"]):
                 if p.grad is None:
@@ -203,7 +203,7 @@ class FusedAdamW(torch.optim.Optimizer):
                 b = buckets[(p.device, p.dtype)]
                 master = state.get(MASTER) if group["master_weights"] else None
                 b["params"].append(p)
-                b["where"].append((self.param_groups.index(group), index))
+                b["where"].append((group_index, index))
                 b["targets"].append(master if master is not None else p)
                 b["masters"].append(master)
                 b["grads"].append(p.grad)

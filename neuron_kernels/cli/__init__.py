@@ -20,7 +20,7 @@ __all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main"]
 SUBCOMMANDS = {
     "demo": (
         "neuron_kernels.cli.demo",
-        "run an NKI kernel on the interpreter and check its result",
+        "run every op's NKI kernels on the interpreter, in each dtype, against fp64 references",
     ),
     "profile": ("neuron_kernels.cli.profile", "modeled profile of an op on a target (cost model)"),
     "calibrate": (

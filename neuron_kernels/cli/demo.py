@@ -150,6 +150,11 @@ def main(args: argparse.Namespace) -> int:
             f"{c.modeled_us:>14.1f} us  "
             f"{'PASS' if c.passed else 'FAIL'}"
         )
+    print(
+        "A run passes when every element's error is within atol + rtol * |reference|: 'of bound' "
+        "is the worst element's error over its own bound (<= 1 passes; the max abs err alone "
+        "can exceed atol where rtol allows it)."
+    )
     failed = [f"{c.op} {c.dtype}" for c in checks if not c.passed]
     ran = [c for c in checks if not c.skipped]
     skipped = f" ({len(checks) - len(ran)} skipped: see SKIP)" if len(ran) < len(checks) else ""
@@ -157,11 +162,6 @@ def main(args: argparse.Namespace) -> int:
         "FAIL: " + ", ".join(failed)
         if failed
         else f"PASS: {len(ran)} of {len(ran)} kernel runs match{skipped}"
-    )
-    print(
-        "A run passes when every element's error is within atol + rtol * |reference|: 'of bound' "
-        "is the worst element's error over its own bound (<= 1 passes; the max abs err alone "
-        "can exceed atol where rtol allows it)."
     )
     print(
         "Latencies are modeled by the cost model from the interpreter trace, not measured on hardware."
