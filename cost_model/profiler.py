@@ -32,9 +32,17 @@ from neuron_kernels.cost_model.schedule import (
 from neuron_kernels.hardware import Target, target_from_name, usable_psum_banks
 from neuron_kernels.interpreter.execution import Kernel, Run, run
 
-__all__ = ["profile", "Profiler", "Profile", "LaunchProfile"]
+__all__ = ["dma_floor_ns", "profile", "Profiler", "Profile", "LaunchProfile"]
 
 MODELED = "modeled"
+
+
+def dma_floor_ns(params: CostParams, nbytes: float) -> float:
+    """The DMA floor: ``nbytes`` of HBM traffic at the core's full DMA rate, the lesser of
+    its HBM share and its engines together (``min(dma_core_gbps, dma_engine_gbps *
+    dma_engines)``, GB/s = bytes/ns). The one formula every floor in the project uses."""
+    rate = min(float(params.dma_core_gbps), float(params.dma_engine_gbps) * params.dma_engines)
+    return nbytes / rate
 
 
 @dataclass
@@ -108,13 +116,9 @@ class Profile:
         """Lower bounds on the latency: TensorE at peak, and DMA at the core's full rate."""
         f = self.flops()
         b = self.hbm_bytes()
-        rate = min(
-            float(self.params.dma_core_gbps),
-            float(self.params.dma_engine_gbps) * self.params.dma_engines,
-        )
         return {
             "tensor": f.get("bf16_equivalent", 0.0) / self.peak_flops_per_s * 1e9,
-            "dma": (b["read"] + b["write"]) / rate,
+            "dma": dma_floor_ns(self.params, b["read"] + b["write"]),
         }
 
     def critical(self) -> tuple[str, dict[str, float]]:

@@ -18,7 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from neuron_kernels.cli import parity
@@ -38,19 +37,6 @@ PIECE_OPS = {
     "optimizer": "fused_adamw_",
 }
 SMALL = dict(seed=0, device="cpu", batch_size=1, seq_len=64)
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    calls = []
-    real = routing.interpreter_runner
-
-    def counting(kernel, *args, **kwargs):
-        calls.append(kernel)
-        return real(kernel, *args, **kwargs)
-
-    monkeypatch.setattr(routing, "interpreter_runner", counting)
-    return calls
 
 
 def test_the_setting_switches_every_piece_the_library_has():
@@ -83,10 +69,10 @@ def test_data_is_the_same_batches_in_the_same_order():
     assert not torch.equal(a.batch(0), DATA.SyntheticTokens(256, 16, 2, seed=2).batch(0))
 
 
-def test_kernel_path_runs_a_kernel_for_every_claimed_piece(launches):
+def test_kernel_path_runs_a_kernel_for_every_claimed_piece(kernel_launches):
     plain = TRAIN.train(2, kernels=False, **SMALL)
     result = TRAIN.train(2, kernels=True, **SMALL)
-    launched = set(launches)
+    launched = set(kernel_launches)
     for name, piece in result.pieces.items():
         if piece["kernel"]:
             op = PIECE_OPS[name]  # the op and its parts (rms_norm_fwd/_bwd, ...)
@@ -96,11 +82,11 @@ def test_kernel_path_runs_a_kernel_for_every_claimed_piece(launches):
     assert max(abs(k - r) for k, r in zip(result.losses, plain.losses)) <= TOLERANCE
 
 
-def test_rollback_switch_runs_no_kernel(launches, monkeypatch):
+def test_rollback_switch_runs_no_kernel(kernel_launches, monkeypatch):
     monkeypatch.setenv(routing.DISABLE_ENV, "1")
     plain = TRAIN.train(2, kernels=False, **SMALL)
     rolled_back = TRAIN.train(2, kernels=True, **SMALL)
-    assert launches == []
+    assert kernel_launches == []
     assert max(abs(k - r) for k, r in zip(rolled_back.losses, plain.losses)) <= TOLERANCE
 
 
