@@ -398,7 +398,7 @@ SPEC = register(
         autograd=(_setup_context, _backward),
         bad_inputs=_bad_inputs,
         budget_hints={"sbuf": "lower tile_free"},
-        description="SwiGLU activation silu(gate) * up, elementwise",
+        description="silu(gate) * up for gate, up [..., N] of one shape (the SwiGLU activation)",
         committed_shapes=_COMMITTED,
     )
 )

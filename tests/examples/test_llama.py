@@ -1,6 +1,6 @@
-"""The Llama example: one setting moves norms, attention, projections and the optimizer to
-the library, each piece that claims a kernel launches one, both settings start from the
-same parameters and data, the rollback switch runs no kernel, and the script runs as a
+"""The Llama example: one setting moves norms, attention, projections, the SwiGLU activation
+and the optimizer to the library, each piece that claims a kernel launches one, both
+settings start from the same parameters and data, the rollback switch runs no kernel, and the script runs as a
 user would run it.
 
 Tolerance, chosen before any run: 2e-3 (absolute loss) between the plain and the kernel
@@ -34,6 +34,7 @@ PIECE_OPS = {
     "projections": "matmul",
     "norms": "rms_norm",
     "attention": "flash_attention",
+    "activation": "swiglu",
     "optimizer": "fused_adamw_",
 }
 SMALL = dict(seed=0, device="cpu", batch_size=1, seq_len=64)
