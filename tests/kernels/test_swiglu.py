@@ -13,6 +13,9 @@ runs the program instances one after another).
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -139,6 +142,17 @@ def test_default_config_reaches_85_percent_of_the_modeled_dma_floor(spec):
     )
     assert m.floor_engine == "DMA"
     assert m.floor_us / m.latency_us >= 0.85, (m.latency_us, m.floor_us, m.binding_engine)
+
+
+def test_the_readme_row_is_the_one_generated_from_the_spec():
+    """``python benchmarks/op.py swiglu --readme-row`` wrote it; a spec change must rewrite it."""
+    root = Path(__file__).resolve().parents[2]
+    loader = importlib.util.spec_from_file_location("benchmark_op", root / "benchmarks" / "op.py")
+    bench = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(bench)
+    row = bench.readme_row(SPEC)
+    assert row.startswith("| `swiglu` | `swiglu(gate, up) -> Tensor`: silu(gate) * up"), row
+    assert row in (root / "README.md").read_text().splitlines()
 
 
 def _dmas(result) -> int:
