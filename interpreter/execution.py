@@ -2,8 +2,13 @@
 
 Calling convention as ``nki.simulate`` (nki/guides/nki_simulator.rst): NumPy arrays or
 torch CPU tensors become HBM tensors, other arguments pass through; the kernel body runs
-eagerly once per SPMD program instance; returned ``shared_hbm`` tensors come back as the
-same kind of array that went in; HBM inputs the kernel wrote are updated in place.
+eagerly once per program instance; returned ``shared_hbm`` tensors come back as the same kind
+of array that went in; HBM inputs the kernel wrote are updated in place.
+
+Launch grids are NKI 0.6's: ``kernel[lnc]`` with one number, the LNC, which the target must
+have (nki/get-started/about/lnc.rst). ``kernel[2]`` runs its two instances as the two
+physical cores of a logical core, in lock-step (``cores.py``), and refuses races between them
+on shared HBM (``races.py``).
 """
 
 from __future__ import annotations

@@ -40,11 +40,11 @@ _DOC = "nki/api/nki/isa/__init__.py core_barrier"
 class _Touch:
     """One HBM access of one instruction on one core."""
 
-    __slots__ = ("core", "ins", "write", "view", "lo", "hi", "rows")
+    __slots__ = ("core", "ins", "write", "view", "lo", "hi", "rows", "dense")
 
-    def __init__(self, core, ins, write, view, lo, hi, rows):
+    def __init__(self, core, ins, write, view, lo, hi, rows, dense):
         self.core, self.ins, self.write, self.view = core, ins, write, view
-        self.lo, self.hi, self.rows = lo, hi, rows
+        self.lo, self.hi, self.rows, self.dense = lo, hi, rows, dense
 
 
 def check_hbm_races(instructions: list[Instruction], views: dict, compute: bool) -> None:
@@ -67,8 +67,8 @@ def check_hbm_races(instructions: list[Instruction], views: dict, compute: bool)
         for write, ts in ((False, pair[0]), (True, pair[1])):
             for t in ts:
                 st = t._storage.uid
-                lo, hi, rows = _extent(t)
-                touch = _Touch(ins.core, ins, write, t, lo, hi, rows)
+                lo, hi, rows, dense = _extent(t)
+                touch = _Touch(ins.core, ins, write, t, lo, hi, rows, dense)
                 groups[(st, epoch[(ins.core, st)])].append(touch)
     found = []
     for touches in groups.values():
@@ -115,41 +115,67 @@ def _first_race(touches: list[_Touch], compute: bool):
     return None if best is None else (best[1], best[2])
 
 
-def _extent(view) -> tuple[int, int, tuple | None]:
-    """Byte range [lo, hi) in the allocation and, for a row-structured tile, its rows
-    ``(stride, column lo, column hi)`` in bytes."""
+def _extent(view) -> tuple[int, int, tuple | None, bool]:
+    """Byte range [lo, hi) in the allocation; for a row-structured tile its rows
+    ``(stride, column lo, column hi)`` in bytes; and whether it covers [lo, hi) densely."""
     item = view.itemsize
     if view._indirect is not None:
         st = view._storage
-        return 0, st.size * st.itemsize, None
+        return 0, st.size * st.itemsize, None, False
     lo = hi = view.offset
-    for n, s in zip(view.shape, view.strides):
-        if n > 1:
-            if s >= 0:
-                hi += (n - 1) * s
-            else:
-                lo += (n - 1) * s
-    rows = None
     dims = [(n, s) for n, s in zip(view.shape, view.strides) if n > 1]
-    if len(dims) == 2 and dims[1][1] == 1 and dims[0][1] > dims[1][0]:
-        stride = dims[0][1] * item
+    for n, s in dims:
+        if s >= 0:
+            hi += (n - 1) * s
+        else:
+            lo += (n - 1) * s
+    merged: list[tuple[int, int]] = []  # outermost first, contiguous neighbours merged
+    for n, s in reversed(dims):
+        if merged and s == merged[-1][0] * merged[-1][1]:
+            merged[-1] = (merged[-1][0] * n, merged[-1][1])
+        else:
+            merged.append((n, s))
+    merged.reverse()
+    dense = not merged or (len(merged) == 1 and merged[0][1] == 1)
+    rows = None
+    if len(merged) == 2 and merged[1][1] == 1 and merged[0][1] > merged[1][0]:
+        stride = merged[0][1] * item
         c0 = (lo * item) % stride
-        width = dims[1][0] * item
+        width = merged[1][0] * item
         if c0 + width <= stride:
             rows = (stride, c0, c0 + width)
-    return lo * item, (hi + 1) * item, rows
+    return lo * item, (hi + 1) * item, rows, dense
 
 
 def _overlap(a: _Touch, b: _Touch, compute: bool) -> bool:
     if not (a.lo < b.hi and b.lo < a.hi):
         return False
+    if a.dense and b.dense:
+        return True
     if a.rows is not None and b.rows is not None and a.rows[0] == b.rows[0]:
         return a.rows[1] < b.rows[2] and b.rows[1] < a.rows[2]
+    if a.dense or b.dense:
+        inside, other = (a, b) if a.dense else (b, a)
+        return _reaches(other, inside.lo, inside.hi, compute)
     bytes_a = _byte_offsets(a.view, compute)
     bytes_b = _byte_offsets(b.view, compute)
     if bytes_a is None or bytes_b is None:
         return True  # unknown addresses: assume they meet
     return bool(np.intersect1d(bytes_a, bytes_b, assume_unique=False).size)
+
+
+def _reaches(t: _Touch, lo: int, hi: int, compute: bool) -> bool:
+    """Whether any byte ``t`` accesses lies in [lo, hi)."""
+    if t.rows is not None:
+        stride, c0, c1 = t.rows
+        first_row = t.lo - c0
+        n_rows = (t.hi - first_row + stride - 1) // stride
+        starts = first_row + c0 + np.arange(n_rows, dtype=np.int64) * stride
+        return bool(np.any((starts < hi) & (starts + (c1 - c0) > lo)))
+    offsets = _byte_offsets(t.view, compute)
+    if offsets is None:
+        return True
+    return bool(np.any((offsets >= lo) & (offsets < hi)))
 
 
 def _byte_offsets(view, compute: bool) -> np.ndarray | None:

@@ -151,3 +151,40 @@ def test_race_is_found_without_arithmetic():
     """compute=False (the profiler's mode) keeps the check: it needs only the access patterns."""
     with pytest.raises(NkiValidationError, match="HBM tensor 'out'"):
         run(add_unsplit[2], (X, X), compute=False)
+
+
+def _two_writers(region0, region1):
+    """Core 0 writes ``out[region0]`` and core 1 ``out[region1]`` (slices of a [128, 8] tensor)."""
+
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm, name="out")
+        region = region0 if nl.program_id(0) == 0 else region1
+        view = out[region]
+        t = nl.ndarray(tuple(view.shape), x.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=t, value=1.0)
+        nisa.dma_copy(dst=view, src=t)
+        return out
+
+    return kernel
+
+
+@pytest.mark.parametrize(
+    ("region0", "region1", "race"),
+    [
+        ((slice(0, 64), slice(0, 4)), (slice(64, 128), slice(None)), False),  # tile vs rows
+        ((slice(0, 64), slice(0, 4)), (slice(60, 128), slice(None)), True),  # rows 60-63 meet
+        ((slice(0, 64), slice(0, 4)), (slice(0, 128), slice(4, 8)), False),  # side by side
+        ((slice(0, 64), slice(0, 8, 2)), (slice(0, 64), slice(1, 8, 2)), False),  # interleaved
+        ((slice(0, 64), slice(0, 8, 2)), (slice(32, 64), slice(2, 3)), True),  # column 2 meets
+        ((slice(0, 128, 2), slice(None)), (slice(1, 128, 2), slice(None)), False),  # odd/even rows
+    ],
+)
+def test_race_needs_the_same_bytes_not_just_the_same_box(region0, region1, race):
+    """Bounding boxes overlap in every case; only the exact bytes decide."""
+    kernel = _two_writers(region0, region1)[2]
+    if race:
+        with pytest.raises(NkiValidationError, match="HBM tensor 'out'"):
+            run(kernel, (X,))
+    else:
+        run(kernel, (X,))
