@@ -280,11 +280,13 @@ class Profile:
             f"  modeled HBM traffic             {(hb['read'] + hb['write']) / 1e6:,.1f} MB "
             f"(read {hb['read'] / 1e6:,.1f}, write {hb['write'] / 1e6:,.1f}) at {d['hbm_gbps']:.1f} GB/s",
             f"  modeled SBUF peak               {mem['sbuf_bytes_per_partition']:,} B/partition of "
-            f"{mem['sbuf_capacity_bytes_per_partition']:,} (the kernel's live tiles)",
+            f"{mem['sbuf_capacity_bytes_per_partition']:,} (the kernel's live tiles"
+            + (", per physical core)" if self.lnc > 1 else ")"),
             f"  modeled SBUF in flight          {mem['sbuf_in_flight_bytes_per_partition']:,} "
             f"B/partition at the schedule's peak ({_sbuf_note(mem)})",
             f"  modeled PSUM peak               {mem['psum_bytes_per_partition']:,} B/partition, "
-            f"{mem['psum_banks']} of {mem['psum_capacity_banks']} banks",
+            f"{mem['psum_banks']} of {mem['psum_capacity_banks']} banks"
+            + (" (per physical core)" if self.lnc > 1 else ""),
         ]
         if mem["alloc_fallbacks"]:
             lines.append(
@@ -389,13 +391,15 @@ def profile(
 
 
 def _sbuf_in_flight_peak(trace, timeline) -> int:
-    """Peak SBUF bytes per partition the modeled schedule holds at once: each tile from the
+    """Peak SBUF bytes per partition the modeled schedule holds at once on one physical core
+    (the largest over an LNC=2 launch's cores, each with its own SBUF): each tile from the
     start of its first access to the end of its last. Under ``sbuf_allocator=unbounded``
     loads may run ahead of their use, so this can exceed capacity (the compiler's
     multi-buffering and spilling is assumed to make room); under ``lru`` it cannot."""
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     size: dict[int, int] = {}
+    core_of: dict[int, int] = {}
     for ins in trace.instructions:
         for a in (*ins.reads, *ins.writes):
             if a.buffer != "sbuf":
@@ -405,14 +409,18 @@ def _sbuf_in_flight_peak(trace, timeline) -> int:
             first[u] = min(first.get(u, s), s)
             last[u] = max(last.get(u, e), e)
             size[u] = max(size.get(u, 0), a.byte_hi)
-    events = sorted(
-        [(first[u], size[u]) for u in first] + [(last[u], -size[u]) for u in first],
-        key=lambda ev: (ev[0], ev[1]),  # a tile freed at t makes room before one taken at t
-    )
-    live = peak = 0
-    for _, delta in events:
-        live += delta
-        peak = max(peak, live)
+            core_of[u] = ins.core
+    peak = 0
+    for core in set(core_of.values()) or {0}:
+        mine = [u for u in first if core_of[u] == core]
+        events = sorted(
+            [(first[u], size[u]) for u in mine] + [(last[u], -size[u]) for u in mine],
+            key=lambda ev: (ev[0], ev[1]),  # a tile freed at t makes room before one taken at t
+        )
+        live = 0
+        for _, delta in events:
+            live += delta
+            peak = max(peak, live)
     return peak
 
 

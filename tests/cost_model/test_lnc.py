@@ -164,3 +164,23 @@ def test_profile_reports_per_logical_core_at_the_launch_lnc():
     assert (d["lnc"], d["unit"]) == (2, "per logical core, LNC=2")
     assert 0 < d["utilization"]["dve"] <= 1 and 0 < d["utilization"]["dma"] <= 1
     assert "per logical core, LNC=2" in two.text() and "LNC=1" in one.text()
+
+
+@nki.jit
+def big_tile_per_core(x):
+    """Each core holds 60% of trn2's usable SBUF per partition at the same time."""
+    big = nl.ndarray((128, 212984 * 6 // 10 // 4), nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=big, value=0.0)
+    out = nl.ndarray((2, 1), nl.float32, buffer=nl.shared_hbm)
+    c = nl.program_id(0)
+    nisa.dma_copy(dst=out[c : c + 1, :], src=big[0:1, 0:1])
+    return out
+
+
+def test_sbuf_in_flight_is_per_physical_core():
+    rep = profile(big_tile_per_core[2])(np.zeros((1, 1), np.float32))
+    mem = rep.memory()
+    per_core = 212984 * 6 // 10 // 4 * 4
+    assert mem["sbuf_bytes_per_partition"] == per_core
+    assert mem["sbuf_in_flight_bytes_per_partition"] == per_core  # not the two cores' sum
+    assert "per physical core" in rep.text()
