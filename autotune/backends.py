@@ -76,7 +76,7 @@ def _floors(report, spec, problem: dict, dtype: str, copies: int = 1) -> tuple[f
     ``report`` profiles one of ``copies`` identical slices of it (``OpSpec.model_slice``)."""
     from neuron_kernels.cost_model.profiler import dma_floor_ns
 
-    dma_ns = dma_floor_ns(report.params, spec.min_traffic_bytes(problem, dtype))
+    dma_ns = dma_floor_ns(report.params, spec.min_traffic_bytes(problem, dtype), report.lnc)
     tensor_ns = copies * report.floors_ns()["tensor"]
     return (tensor_ns / 1e3, "TensorE") if tensor_ns >= dma_ns else (dma_ns / 1e3, "DMA")
 
