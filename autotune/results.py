@@ -141,6 +141,10 @@ _ENTRY_FIELDS = {  # field: (types, required)
     "shape": ((str,), False),  # the shape tuned (the bucket's representative)
     "backend": ((str,), False),  # "model" or "hardware": what measured it
     "tuner_version": ((str,), False),
+    # a hardware entry: the LNC it ran at, and {"instance_type", "compiler_version",
+    # "nki_version", "lnc", "timing", "warmup_iter", "benchmark_iter"} (autotune/neff_backend.py)
+    "lnc": ((int,), False),
+    "hardware": ((dict,), False),
 }
 
 
