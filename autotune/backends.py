@@ -25,7 +25,6 @@ from neuron_kernels.kernels.spec import measure_generator
 __all__ = [
     "BACKENDS",
     "BackendUnavailable",
-    "HardwareBackend",
     "Measurement",
     "MeasurementFailure",
     "ModelBackend",

@@ -90,7 +90,9 @@ def compile_launch(request: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m neuron_kernels.autotune.compile_worker REQUEST.json", file=sys.stderr)
+        print(
+            "usage: python -m neuron_kernels.autotune.compile_worker REQUEST.json", file=sys.stderr
+        )
         return 2
     request = Path(argv[0]).resolve()
     try:

@@ -143,7 +143,9 @@ def probe_node(timeout_s: float = 60.0) -> NodeInfo:
     )
     if exe is None:
         raise RuntimeError("neuron-ls is not on PATH (export PATH=/opt/aws/neuron/bin:$PATH)")
-    listing = subprocess.run([exe, "--json-output"], capture_output=True, text=True, timeout=timeout_s)
+    listing = subprocess.run(
+        [exe, "--json-output"], capture_output=True, text=True, timeout=timeout_s
+    )
     devices = json.loads(listing.stdout)
     if not devices:
         raise RuntimeError("neuron-ls lists no Neuron device")

@@ -120,9 +120,7 @@ def measure(request: Path) -> dict:
     warmup, iters = int(req["warmup_iter"]), int(req["benchmark_iter"])
     # model.rst: benchmark(inputs, outputs=None, warmup_iter=5, benchmark_iter=5,
     # mode="device"); "device" is "NeuronCore execution time via device-side tracing".
-    stats = model.benchmark(
-        inputs=tensors, warmup_iter=warmup, benchmark_iter=iters, mode="device"
-    )
+    stats = model.benchmark(inputs=tensors, warmup_iter=warmup, benchmark_iter=iters, mode="device")
     durations_us = np.asarray(list(stats.durations_ms), dtype=np.float64) * 1e3  # ms -> us
     if durations_us.size == 0:
         return {"ok": False, "error": "nrtpy's benchmark returned no durations"}

@@ -172,7 +172,9 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])
 
 
-def run_worker(cmd: list[str], env: dict, request: Path, deadline: float, what: str, limit_s: float) -> dict:
+def run_worker(
+    cmd: list[str], env: dict, request: Path, deadline: float, what: str, limit_s: float
+) -> dict:
     """Run one worker on ``request`` and return its result document.
 
     Raises:
@@ -187,7 +189,10 @@ def run_worker(cmd: list[str], env: dict, request: Path, deadline: float, what: 
         raise WorkerFailure(f"no time left for the {what} worker (--trial-deadline {limit_s:g} s)")
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [*cmd, str(request)], env=env, stdout=out, stderr=subprocess.STDOUT,
+            [*cmd, str(request)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         try:
@@ -225,14 +230,18 @@ def _locate(kernel, modules) -> tuple[str, str]:
         for name, value in vars(module).items():
             if value is kernel and not name.startswith("__"):
                 return module.__name__, name
-    raise MeasurementFailure(f"cannot find kernel {kernel!r} by name in {[m.__name__ for m in modules if m]}")
+    raise MeasurementFailure(
+        f"cannot find kernel {kernel!r} by name in {[m.__name__ for m in modules if m]}"
+    )
 
 
 def _param_names(kernel) -> list[str]:
     from neuron_kernels.interpreter.rebind import unwrap_kernel
 
     try:
-        fn = kernel.fn if hasattr(kernel, "fn") and callable(kernel.fn) else unwrap_kernel(kernel)[0]
+        fn = (
+            kernel.fn if hasattr(kernel, "fn") and callable(kernel.fn) else unwrap_kernel(kernel)[0]
+        )
         return list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         return []
@@ -261,8 +270,15 @@ class NeffRunner:
     """A :class:`~neuron_kernels.kernels.spec.Runner` that compiles each launch to a NEFF and
     runs it on a NeuronCore through the workers; keeps each launch's measure result."""
 
-    def __init__(self, backend: HardwareBackend, launches, trial_dir: Path, deadline: float,
-                 modules=(), code_hash: str = "") -> None:
+    def __init__(
+        self,
+        backend: HardwareBackend,
+        launches,
+        trial_dir: Path,
+        deadline: float,
+        modules=(),
+        code_hash: str = "",
+    ) -> None:
         self.backend, self.launches = backend, launches
         self.target = backend.target
         self.trial_dir, self.deadline = trial_dir, deadline
@@ -279,7 +295,9 @@ class NeffRunner:
         many, out_specs = self.launches[i]
         launch = self.trial_dir / f"launch{i}"
         launch.mkdir(parents=True)
-        module, name = _locate(kernel, (*self.modules, sys.modules.get(getattr(kernel, "__module__", ""))))
+        module, name = _locate(
+            kernel, (*self.modules, sys.modules.get(getattr(kernel, "__module__", "")))
+        )
         params = _param_names(kernel)
         tensors, arg_entries, constants, inputs = {}, [], [], []
         for j, a in enumerate(args):
@@ -300,8 +318,14 @@ class NeffRunner:
                 arg_entries.append({"constant": len(constants)})
                 constants.append(a)
         compiled = self.backend.compile_launch(
-            module, name, arg_entries, tensors, launch, pickle.dumps(constants),
-            self.code_hash, self.deadline,
+            module,
+            name,
+            arg_entries,
+            tensors,
+            launch,
+            pickle.dumps(constants),
+            self.code_hash,
+            self.deadline,
         )
         request = launch / "measure.json"
         outputs = [
@@ -309,7 +333,9 @@ class NeffRunner:
             for k, (shape, dtype) in enumerate(out_specs)
         ]
         doc = {
-            "protocol": hw_protocol.PROTOCOL, "version": hw_protocol.VERSION, "kind": "measure",
+            "protocol": hw_protocol.PROTOCOL,
+            "version": hw_protocol.VERSION,
+            "kind": "measure",
             "neff": compiled["neff_path"],
             "inputs": [{**e, "path": str((launch / e["path"]).resolve())} for e in inputs],
             "outputs": outputs,
@@ -320,7 +346,9 @@ class NeffRunner:
         result = self.backend.measure_launch(request, self.deadline)
         self.results.append(result)
         self.compiles.append(compiled)
-        outs = [hw_protocol.load_tensor(launch / o["path"], o["dtype"], o["shape"]) for o in outputs]
+        outs = [
+            hw_protocol.load_tensor(launch / o["path"], o["dtype"], o["shape"]) for o in outputs
+        ]
         return tuple(outs) if many else outs[0]
 
 
@@ -351,7 +379,11 @@ class HardwareBackend:
         if not ready.ready:
             raise BackendUnavailable(ready.missing)
         self.target = target_from_name(target)
-        self.node, self.nrtpy_python, self.nki_version = ready.node, ready.nrtpy_python, ready.nki_version
+        self.node, self.nrtpy_python, self.nki_version = (
+            ready.node,
+            ready.nrtpy_python,
+            ready.nki_version,
+        )
         self.lnc = _launch_lnc(self.target, self.node)
         cores = self.node.cores_at(self.lnc)
         if compile_jobs < 1 or compile_jobs >= len(cores):
@@ -369,12 +401,30 @@ class HardwareBackend:
 
     # -- the two workers ---------------------------------------------------------------------
 
-    def compile_launch(self, module, name, arg_entries, tensors, launch: Path, constants: bytes,
-                       code_hash: str, deadline: float) -> dict:
+    def compile_launch(
+        self,
+        module,
+        name,
+        arg_entries,
+        tensors,
+        launch: Path,
+        constants: bytes,
+        code_hash: str,
+        deadline: float,
+    ) -> dict:
         """The NEFF of one launch, from the cache or a compile worker on a compile core."""
         shapes = {k: (v["shape"], v["dtype"]) for k, v in tensors.items()}
         key_text = json.dumps(
-            [module, name, code_hash, shapes, arg_entries, self.target.name, self.lnc, self.nki_version],
+            [
+                module,
+                name,
+                code_hash,
+                shapes,
+                arg_entries,
+                self.target.name,
+                self.lnc,
+                self.nki_version,
+            ],
             sort_keys=True,
         )
         key = hashlib.sha256(key_text.encode() + constants).hexdigest()[:24]
@@ -385,15 +435,26 @@ class HardwareBackend:
             if cached.exists():
                 result = hw_protocol.read_json(cached, "compile")
             else:
-                for k, e in tensors.items():  # a compile input of its own: the cache outlives trials
+                for (
+                    e
+                ) in tensors.values():  # the NEFF cache keeps its own inputs (it outlives trials)
                     shutil.copyfile(launch / e["path"], folder / e["path"])
                 (folder / "constants.pkl").write_bytes(constants)
-                hw_protocol.write_json(request, {
-                    "protocol": hw_protocol.PROTOCOL, "version": hw_protocol.VERSION,
-                    "kind": "compile", "kernel": {"module": module, "name": name},
-                    "args": arg_entries, "tensors": tensors, "constants": "constants.pkl",
-                    "artifacts_dir": "artifacts", "target": self.target.name, "lnc": self.lnc,
-                })
+                hw_protocol.write_json(
+                    request,
+                    {
+                        "protocol": hw_protocol.PROTOCOL,
+                        "version": hw_protocol.VERSION,
+                        "kind": "compile",
+                        "kernel": {"module": module, "name": name},
+                        "args": arg_entries,
+                        "tensors": tensors,
+                        "constants": "constants.pkl",
+                        "artifacts_dir": "artifacts",
+                        "target": self.target.name,
+                        "lnc": self.lnc,
+                    },
+                )
                 with _core(self.workdir / "slots", self.compile_cores, deadline, "compile") as core:
                     env = hw_node.worker_env()
                     env.update(
@@ -404,7 +465,11 @@ class HardwareBackend:
                     )
                     result = run_worker(
                         [sys.executable, "-m", "neuron_kernels.autotune.compile_worker"],
-                        env, request, deadline, "compile", self.trial_deadline_s,
+                        env,
+                        request,
+                        deadline,
+                        "compile",
+                        self.trial_deadline_s,
                     )
                 if "ran" not in result:  # the worker failed before calling the kernel: retry later
                     cached.unlink(missing_ok=True)
@@ -420,7 +485,11 @@ class HardwareBackend:
             env.update(NEURON_RT_VISIBLE_CORES=str(core), NEURON_LOGICAL_NC_CONFIG=str(self.lnc))
             result = run_worker(
                 [self.nrtpy_python, str(hw_node.MEASURE_WORKER)],
-                env, request, deadline, "measure", self.trial_deadline_s,
+                env,
+                request,
+                deadline,
+                "measure",
+                self.trial_deadline_s,
             )
         if not result.get("ok"):
             raise WorkerFailure(f"nrtpy could not run the NEFF: {result.get('error')}")
@@ -430,7 +499,9 @@ class HardwareBackend:
 
     def _launch_outputs(self, spec, problem, dtype, config):
         recorder = _OutputRecorder(self.target)
-        spec.run_kernels(*self._floor.trace_inputs(spec, problem, dtype), config=config, runner=recorder)
+        spec.run_kernels(
+            *self._floor.trace_inputs(spec, problem, dtype), config=config, runner=recorder
+        )
         return recorder.launches
 
     def _reference(self, spec, problem, dtype, inputs):
@@ -457,7 +528,10 @@ class HardwareBackend:
         from neuron_kernels.testing import copy_args
 
         runner = NeffRunner(
-            self, launches, trial_dir, deadline,
+            self,
+            launches,
+            trial_dir,
+            deadline,
             modules=(sys.modules.get(spec.run_kernels.__module__),),
             code_hash=kernel_hash(spec),
         )
