@@ -7,9 +7,9 @@ import os
 import time
 from pathlib import Path
 
-FAULT_ENV = "NEURON_KERNELS_DOUBLE_FAULT"  # "<kind>[@<n>]"
+FAULT_ENV = "NEURON_KERNELS_DOUBLE_FAULT"  # "<kind>[@<n>][,<kind>[@<n>]...]"
 STATE_ENV = "NEURON_KERNELS_DOUBLE_STATE"  # a folder: call counters and the log
-STAGES = {"compile_crash": "compile", "crash": "load", "hang": "benchmark", "wrong": "call"}
+STAGES = {"compile_crash": "compile", "crash": "load", "hang": "load", "wrong": "call"}
 
 
 def _state() -> Path | None:
@@ -48,12 +48,15 @@ def _count(stage: str) -> int:
 
 def fault(stage: str) -> str | None:
     """The fault to play at this call of ``stage`` (None: behave)."""
-    spec = os.environ.get(FAULT_ENV, "")
-    kind, _, nth = spec.partition("@")
-    if not kind or STAGES.get(kind) != stage:
+    specs = [s.partition("@") for s in os.environ.get(FAULT_ENV, "").split(",") if s]
+    mine = [(kind, nth) for kind, _, nth in specs if STAGES.get(kind) == stage]
+    if not mine:
         return None
     n = _count(stage)
-    return kind if not nth or int(nth) == n else None
+    for kind, nth in mine:
+        if not nth or int(nth) == n:
+            return kind
+    return None
 
 
 def hang() -> None:

@@ -111,10 +111,14 @@ class NrtpyModel:
         self._latency_ms = None
 
     @classmethod
-    def load_from_neff(cls, neff_path, name=None, core_id=0, cc_enabled=False, rank_id=0,
-                       world_size=1):
-        if hw_double_faults.fault("load") == "crash":
+    def load_from_neff(
+        cls, neff_path, name=None, core_id=0, cc_enabled=False, rank_id=0, world_size=1
+    ):
+        played = hw_double_faults.fault("load")
+        if played == "crash":
             os.abort()  # libnrt takes the process down
+        if played == "hang":
+            hw_double_faults.hang()  # a load that never returns
         try:
             neff = json.loads(open(neff_path).read())
         except (OSError, ValueError) as exc:
@@ -174,8 +178,12 @@ class NrtpyModel:
         hw_double_faults.log("call", neff=self.name)
         # the void dtype of the note in tutorial-validate-benchmark.rst
         return {
-            f"output_{i}": NrtpyTensor(a.view(np.dtype(f"V{a.dtype.itemsize}")), a.shape,
-                                       f"V{a.dtype.itemsize}", f"output_{i}")
+            f"output_{i}": NrtpyTensor(
+                a.view(np.dtype(f"V{a.dtype.itemsize}")),
+                a.shape,
+                f"V{a.dtype.itemsize}",
+                f"output_{i}",
+            )
             for i, a in enumerate(produced)
         }
 
@@ -184,8 +192,6 @@ class NrtpyModel:
             raise ValueError(f"mode must be 'device' or 'host', got {mode!r}")
         if benchmark_iter < 1:
             raise ValueError("benchmark_iter must be at least 1")
-        if hw_double_faults.fault("benchmark") == "hang":
-            hw_double_faults.hang()
         if self._latency_ms is None:
             self._run(inputs)
         hw_double_faults.log("benchmark", mode=mode, iterations=benchmark_iter)
