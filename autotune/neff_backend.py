@@ -287,8 +287,12 @@ class NeffRunner:
         self.compiles: list[dict] = []
 
     def __call__(self, kernel, *args, **kwargs):
-        if kwargs:
-            raise MeasurementFailure(f"keyword arguments {sorted(kwargs)} reach no NEFF input")
+        if kwargs:  # compile-time keyword arguments: passed by position, as the kernel names them
+            from neuron_kernels.interpreter.rebind import unwrap_kernel
+
+            bound = inspect.signature(unwrap_kernel(kernel)[0]).bind(*args, **kwargs)
+            bound.apply_defaults()
+            args = tuple(bound.arguments.values())
         i = len(self.results)
         if i >= len(self.launches):
             raise MeasurementFailure("the op launched more kernels than its traced run did")

@@ -365,3 +365,43 @@ def test_measure_worker_runs_in_an_environment_without_neuron_kernels(tmp_path):
         timeout=60,
     )
     assert json.loads(done.stdout)["nrtpy"] is None
+
+
+def test_calibrate_measure_writes_the_file_fit_reads(node, tmp_path, capsys):
+    from neuron_kernels.cli import calibration, main
+
+    out = tmp_path / "mine.json"
+    code = main(
+        [
+            "calibrate",
+            "--measure",
+            str(out),
+            "--rows",
+            "A1-tiled",
+            "--shape",
+            "256x128x512",
+            "--nrtpy-python",
+            sys.executable,
+            "--trial-deadline",
+            str(DEADLINE_S),
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    doc = calibration.load_measurements(out, "--fit")  # what --fit reads, checked row by row
+    (row,) = doc["rows"]
+    assert doc["target"] == "trn2" and doc["instance_type"] == "trn2.48xlarge" and doc["lnc"] == 2
+    assert row["id"] == "A1-tiled" and row["shapes"] == [[256, 128], [256, 512]]
+    assert row["kernel"].endswith("tutorial_matmul:matmul_tiled") and row["measured_ms"] > 0
+    code = main(["calibrate", "--fit", str(out), "--params", "dma_core_gbps", "--iterations", "2"])
+    assert code == 0 and "Fitted on trn2 to 1 hardware measurement(s)" in capsys.readouterr().out
+
+
+def test_calibrate_measure_off_a_trn_node_is_one_line(monkeypatch, tmp_path, capsys):
+    from neuron_kernels.cli import main
+
+    monkeypatch.setattr(hw_node, "neuron_devices", lambda: [])
+    code = main(["calibrate", "--measure", str(tmp_path / "m.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--measure" in err[0] and "no NeuronCore" in err[0]
+    assert not (tmp_path / "m.json").exists()
