@@ -405,3 +405,29 @@ def test_calibrate_measure_off_a_trn_node_is_one_line(monkeypatch, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--measure" in err[0] and "no NeuronCore" in err[0]
     assert not (tmp_path / "m.json").exists()
+
+
+def test_doctor_says_whether_the_hardware_backend_can_run_and_what_is_missing(
+    node, monkeypatch, capsys
+):
+    from neuron_kernels.cli import main
+
+    def doctor() -> dict:
+        assert main(["doctor", "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["hardware_tuning"]
+
+    monkeypatch.setenv(hw_node.NRTPY_PYTHON_ENV, sys.executable)
+    hw = doctor()
+    assert hw["ready"] and hw["missing"] is None
+    assert (hw["instance_type"], hw["lnc"], hw["logical_cores"]) == ("trn2.48xlarge", 2, 4)
+    monkeypatch.delenv(hw_node.NRTPY_PYTHON_ENV)
+    hw = doctor()
+    assert not hw["ready"] and hw["missing"].startswith("no nrtpy interpreter")
+    monkeypatch.setattr(hw_node, "neuron_devices", lambda: [])
+    assert main(["doctor"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("hardware tuning")]
+    assert lines == [
+        "hardware tuning (autotune --backend hardware): cannot run here: no NeuronCore: no "
+        "/dev/neuron* device here (the hardware backend runs on a Trn2/Trn3 node; use "
+        "--backend model)"
+    ]
