@@ -403,6 +403,11 @@ class HardwareBackend:
         self._floor = ModelBackend(self.target.name)
         self._references: dict[tuple, object] = {}
 
+    @property
+    def study_label(self) -> str:
+        """The backend part of the study name: numbers of another node or LNC never mix."""
+        return f"hardware-{self.node.instance_type}-lnc{self.lnc}"
+
     # -- the two workers ---------------------------------------------------------------------
 
     def compile_launch(

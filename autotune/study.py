@@ -390,7 +390,9 @@ def tune(
         source, backend_label = backend.source, backend.name
     out = []
     for point in points:
-        name = study_name(spec, point, target, backend_label)
+        # a hardware study is also named by where it measures (instance type, LNC): numbers
+        # from another node are not resumed into it
+        name = study_name(spec, point, target, getattr(backend, "study_label", backend_label))
         study = optuna.create_study(
             study_name=name, storage=storage, direction="minimize", load_if_exists=True
         )

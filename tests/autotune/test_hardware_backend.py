@@ -431,3 +431,21 @@ def test_doctor_says_whether_the_hardware_backend_can_run_and_what_is_missing(
         "/dev/neuron* device here (the hardware backend runs on a Trn2/Trn3 node; use "
         "--backend model)"
     ]
+
+
+def test_a_core_is_held_by_one_worker_at_a_time(tmp_path):
+    """The slot pool every tuner process shares: a held core is not handed out again, a free
+    one is, and a trial that finds none free by its deadline fails (it does not wait on)."""
+    from neuron_kernels.autotune.neff_backend import _core
+
+    far = time.monotonic() + 60
+    with _core(tmp_path, (0, 1), far, "measure") as first:
+        with _core(tmp_path, (0, 1), far, "measure") as second:
+            assert {first, second} == {0, 1}
+            with pytest.raises(
+                WorkerFailure, match="waited past the trial deadline for a free measure core"
+            ):
+                with _core(tmp_path, (0, 1), time.monotonic() + 0.3, "measure"):
+                    pass
+    with _core(tmp_path, (0, 1), far, "measure") as again:  # released at the end of the block
+        assert again == 0
