@@ -636,7 +636,7 @@ def measure_on_hardware(
     tolerances = get_spec("matmul").tolerances
     code_hash = code_fingerprint(tutorial_matmul)
     rng = np.random.default_rng(0)
-    rows, failures = [], []
+    rows, failures, compiler = [], [], None
     for row in published["rows"]:
         if row_ids and row["id"] not in row_ids:
             continue
@@ -672,6 +672,7 @@ def measure_on_hardware(
                 progress(f"FAIL {failures[-1]}")
             continue
         result = runner.results[0]
+        compiler = compiler or runner.compiles[0].get("compiler_version")
         ms = result["latency_us"]["p50"] / 1e3
         entry = {"measured_ms": ms, "p99_ms": result["latency_us"]["p99"] / 1e3}
         if at == published["shape"]:
@@ -687,13 +688,12 @@ def measure_on_hardware(
         rows.append(entry)
         if progress:
             progress(f"measured {row['id']}: {ms:.4f} ms (device-side median)")
-    first = runner.compiles[0] if rows and runner.compiles else {}
     doc = {
         "target": target,
         "source": "neuron-kernels calibrate --measure (nrtpy benchmark, mode='device', p50)",
         "instance_type": backend.node.instance_type,
         "lnc": backend.lnc,
-        "compiler_version": first.get("compiler_version") or "unknown",
+        "compiler_version": compiler or "unknown",
         "rows": rows,
     }
     return doc, failures
