@@ -291,6 +291,13 @@ def main(args) -> int:
         f"backend {backend} ({label} latency), sampler {args.sampler}, jobs {jobs}, "
         f"storage {storage_url}"
     )
+    if backend == "hardware":
+        print(
+            f"hardware: {made.node.instance_type} at LNC={made.lnc}; compiles on logical "
+            f"core(s) {list(made.compile_cores)}, measurements on {list(made.measure_cores)} "
+            f"(one worker per core; --jobs {jobs} trial(s) at a time); trial deadline "
+            f"{made.trial_deadline_s:g} s"
+        )
     try:
         found = tune(
             spec,

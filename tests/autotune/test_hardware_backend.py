@@ -303,6 +303,10 @@ def test_autotune_cli_completes_a_hardware_study_on_the_doubles(node, tmp_path, 
     out = capsys.readouterr().out
     assert code == 0, out
     assert "backend hardware (hardware latency)" in out
+    assert (
+        "hardware: trn2.48xlarge at LNC=2; compiles on logical core(s) [3], measurements on [0, 1, 2]"
+        in out
+    )
     (entry,) = results.load_entries(tmp_path / "trn2" / "matmul.json", "matmul", "trn2")
     assert entry["source"] == "hardware" and entry["hardware"]["lnc"] == 2
 
