@@ -12,21 +12,14 @@ interpreter that guessed could pass kernels that fail on the device.
 
 from __future__ import annotations
 
-from neuron_kernels.interpreter.errors import NotImplementedByInterpreter
+from neuron_kernels.interpreter.errors import not_implemented
 
 __all__ = ["quantize_mx", "nc_matmul_mx"]
-
-_OPEN = (
-    "the official docs leave its semantics open: the layout of the MX scale tile "
-    "(nc_matmul_mx refers to quantize_mx's doc, which does not give it), the order of the "
-    "four fp8 values in a packed x4 element, and the fp8 rounding/saturation; the "
-    "interpreter refuses rather than guess numbers the device may not produce"
-)
 
 
 def quantize_mx(dst, src, dst_scale, name=None):
     """Refused: see the module docstring."""
-    raise NotImplementedByInterpreter(f"nki.isa.quantize_mx: {_OPEN}")
+    raise not_implemented("nki.isa.quantize_mx")  # reason: interpreter/unimplemented.py
 
 
 def nc_matmul_mx(
@@ -41,4 +34,4 @@ def nc_matmul_mx(
     name=None,
 ):
     """Refused: see the module docstring."""
-    raise NotImplementedByInterpreter(f"nki.isa.nc_matmul_mx: {_OPEN}")
+    raise not_implemented("nki.isa.nc_matmul_mx")  # reason: interpreter/unimplemented.py
