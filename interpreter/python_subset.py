@@ -358,7 +358,10 @@ def _argument_roots(values) -> Iterator[Any]:
 
 
 def violations(fn: types.FunctionType, arguments=()) -> list[_Violation]:
-    """Every construct outside the subset in ``fn`` and the functions it reaches."""
+    """Every construct outside the subset in ``fn`` and the functions it reaches, and every
+    class it reaches that does not derive from NKIObject alone."""
+    from neuron_kernels.interpreter.classes import NKIObject
+
     todo: list[Any] = [fn, *_argument_roots(arguments)]
     done: set[int] = set()
     out: list[_Violation] = []
@@ -370,6 +373,16 @@ def violations(fn: types.FunctionType, arguments=()) -> list[_Violation]:
         if isinstance(obj, type):
             if issubclass(obj, (BaseException, enum.Enum)):
                 continue  # raised (see ACCEPTED[ast.Raise]) or an enum ('Enumerations')
+            other = [
+                b.__qualname__
+                for b in obj.__mro__[1:]
+                if b is not object and not issubclass(b, NKIObject) and b.__module__ != "typing"
+            ]
+            if not issubclass(obj, NKIObject) or other:
+                where = f"{obj.__qualname__} ({obj.__module__})"
+                what = f"a class with other bases than NKIObject ({', '.join(other) or 'none'})"
+                out.append(_Violation(what, where, _CLASSES))
+                continue
             todo.extend(_class_methods(obj))
             continue
         out.extend(_own_violations(obj))

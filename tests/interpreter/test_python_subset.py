@@ -266,3 +266,19 @@ def test_every_syntax_node_is_either_accepted_with_evidence_or_refused():
         assert GUIDE in evidence or "nki-library" in evidence, kind
     for kind, (what, why) in REFUSED.items():
         assert what and why, kind
+
+
+class HostConfig:  # a plain Python class: not an NKI class
+    rows = 2
+
+
+def k_builds_a_plain_class(x):
+    assert HostConfig().rows == 2
+    return _copy(x)
+
+
+def test_classes_the_kernel_builds_must_be_nki_classes():
+    """Guide, 'Class Support': "the class must inherit from NKIObject and no other
+    classes"."""
+    err = _refused(k_builds_a_plain_class, X)
+    assert err.arg.startswith("a class with other bases than NKIObject (none) in HostConfig")
