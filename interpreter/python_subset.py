@@ -11,7 +11,8 @@ The subset is an allow-list: every syntax node of a checked function must appear
 :data:`ACCEPTED` with its evidence, a line of the language guide or, where the guide is
 silent, a kernel of aws-neuron/nki-library (snapshot d2ad3a5, NKI 0.6) whose kernel code uses
 it, so the compiler accepts it. Constructs in :data:`REFUSED` get a message of their own;
-anything else is refused with the guide's general rule. Comprehensions and generator
+anything else is refused with the guide's general rule. Nested functions are accepted: the
+stub's own ``nl.fori_loop`` example defines its loop body as one. Comprehensions and generator
 expressions are refused: the guide does not list them and no kernel code of nki-library uses
 one (its only list comprehension is in host-side verification, utils/lnc_subscriptable.py).
 
@@ -67,7 +68,12 @@ _CLASSES = (
 # Syntax node -> the evidence that NKI accepts it.
 ACCEPTED: dict[type, str] = {
     # The function itself, its parameters, names and calls: the guide's every example.
-    ast.FunctionDef: f"{GUIDE} 'Compilation Model': {_INLINED}",
+    # Nested definitions too: AWS's own API docs define the loop body of nl.fori_loop and
+    # nl.while_loop as a nested function closing over the kernel's tensors
+    # (nki/api/nki/language/__init__.py, fori_loop example: ``def body(i): nisa.dma_copy(
+    # dst=temp, ...)`` then ``nl.fori_loop(0, ub_reg, body)``).
+    ast.FunctionDef: f"{GUIDE} 'Compilation Model': {_INLINED}; nested: "
+    "nki/api/nki/language/__init__.py fori_loop example (def body(i))",
     ast.arguments: f"{GUIDE} 'Composable Kernels' (functions with keyword arguments)",
     ast.arg: f"{GUIDE} 'Composable Kernels'",
     ast.keyword: f"{GUIDE} 'Composable Kernels': tile_fn(dst=result, src=tile)",
@@ -123,10 +129,6 @@ REFUSED: dict[type, tuple[str, str]] = {
     ast.YieldFrom: ("a generator (yield from)", f"the guide lists no generators {_NO_AWS}"),
     ast.Await: ("await", "the guide lists no coroutines"),
     ast.Lambda: ("a lambda", f"the guide's functions are named (def) {_NO_AWS}"),
-    ast.FunctionDef: (
-        "a nested function (closure)",
-        f"the guide passes named module-level functions, not closures, {_NO_AWS}",
-    ),
     ast.AsyncFunctionDef: ("an async function", "the guide lists no coroutines"),
     ast.ClassDef: ("a class defined inside a function", f"{_CLASSES}, declared in Python"),
     ast.ListComp: ("a list comprehension", f"the guide lists none {_NO_AWS}"),
@@ -280,6 +282,13 @@ def _referenced_names(fn: types.FunctionType) -> list[list[str]]:
         return []
     func, _ = found
     local = set(fn.__code__.co_varnames) | set(fn.__code__.co_cellvars)
+    for node in ast.walk(func):  # names bound in nested functions are theirs, not globals
+        if isinstance(node, ast.arg):
+            local.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            local.add(node.id)
+        elif isinstance(node, ast.FunctionDef) and node is not func:
+            local.add(node.name)
     chains = []
     for node in _compiled_nodes(func):
         chain: list[str] = []

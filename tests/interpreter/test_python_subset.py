@@ -70,13 +70,6 @@ def k_generator_expression(x):
     return _copy(x)
 
 
-def k_closure(x):
-    def inner():
-        return _copy(x)
-
-    return inner()
-
-
 def k_lambda(x):
     f = lambda: _copy(x)  # noqa: E731
     return f()
@@ -146,7 +139,6 @@ REFUSALS = [
     (k_generator, "a generator (yield from)", "_tiles"),
     (k_list_comprehension, "a list comprehension", "k_list_comprehension"),
     (k_generator_expression, "a generator expression", "k_generator_expression"),
-    (k_closure, "a nested function (closure)", "k_closure"),
     (k_lambda, "a lambda", "k_lambda"),
     (k_try, "try", "k_try"),
     (k_with, "with", "k_with"),
@@ -282,3 +274,36 @@ def test_classes_the_kernel_builds_must_be_nki_classes():
     classes"."""
     err = _refused(k_builds_a_plain_class, X)
     assert err.arg.startswith("a class with other bases than NKIObject (none) in HostConfig")
+
+
+def k_loop_body(x, bound):
+    """The stub's nl.fori_loop example shape: the body is a nested function."""
+    out = _copy(x)
+    reg = nisa.register_alloc(1)
+
+    def body(i):
+        nisa.dma_copy(dst=out, src=x)
+
+    nl.fori_loop(0, reg, body)
+    return out
+
+
+def test_nested_loop_bodies_are_accepted_as_the_stub_example_writes_them():
+    """nki/api/nki/language/__init__.py, fori_loop: ``def body(i): ...`` then
+    ``nl.fori_loop(0, ub_reg, body)``; its body is still checked."""
+    np.testing.assert_array_equal(run(k_loop_body, (X, 1)).outputs, X)
+
+
+def k_loop_body_with_comprehension(x):
+    reg = nisa.register_alloc(1)
+
+    def body(i):
+        return [i for _ in range(1)]
+
+    nl.fori_loop(0, reg, body)
+    return _copy(x)
+
+
+def test_nested_bodies_are_checked():
+    err = _refused(k_loop_body_with_comprehension, X)
+    assert err.arg.startswith("a list comprehension in k_loop_body_with_comprehension at ")
