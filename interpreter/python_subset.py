@@ -21,7 +21,8 @@ that resolves (closure cell, module global, attribute of a module or class) to a
 function or class outside the interpreter and outside the Python installation, plus the
 functions and NKIObject instances passed as kernel arguments. A function selected at run time
 through a value the checker cannot resolve statically (``getattr(obj, name)()``) is not
-reached; keys of dict literals are checked when they are constants only.
+reached; a lambda used as a kernel has no def to read and is not checked (one inside a
+checked function is refused); keys of dict literals are checked when they are constants only.
 """
 
 from __future__ import annotations
@@ -171,8 +172,9 @@ def _source_tree(fn: types.FunctionType) -> tuple[ast.FunctionDef, str] | None:
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError):
         return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
-        return None
+    first = tree.body[0] if len(tree.body) == 1 else None
+    if not isinstance(first, ast.FunctionDef) or first.name != fn.__name__:
+        return None  # a lambda (its source is the enclosing statement) or no single def
     ast.increment_lineno(tree, fn.__code__.co_firstlineno - 1)
     return tree.body[0], filename
 
