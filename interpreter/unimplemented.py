@@ -19,9 +19,12 @@ _RNG = (
     "stream, nor how random bits become floats; values would not match the device"
 )
 _MX = (
-    "the docs leave open the MX scale-tile layout (nc_matmul_mx defers to quantize_mx's doc, "
-    "which does not give it), the order of the four values in a packed x4 element and the "
-    "fp8 rounding/saturation (interpreter/instructions/mx.py)"
+    "not written yet. The API docs leave the MX scale-tile layout, the order of the four "
+    "values in a packed x4 element and the fp8 rounding open, but AWS's MX deep dive fixes "
+    "them (aws-neuron-sdk nki/deep-dives/mxfp-matmul.rst: scales in the quadrant of their "
+    "8-partition group, first 4 partitions of each; src/mxfp-matmul/mx_cpu_utils.py: four "
+    "adjacent contraction values little-endian in a uint32, OCP saturation then "
+    "round-to-nearest cast), so it can be implemented against that golden model"
 )
 _LNC = "two-core (LNC=2) execution: LNC issue 28"
 _NL_REMOVED = (

@@ -1,13 +1,17 @@
-"""``nisa.quantize_mx`` and ``nisa.nc_matmul_mx``: refused, because the docs leave the
-numbers they produce open.
+"""``nisa.quantize_mx`` and ``nisa.nc_matmul_mx``: refused, not written yet.
+
+What the API stubs leave open (below) is fixed by AWS's MX deep dive (aws-neuron-sdk
+nki/deep-dives/mxfp-matmul.rst and its golden model src/mxfp-matmul/mx_cpu_utils.py:
+``quantize_mx_golden``, ``nc_matmul_mx_golden``, ``get_p_contiguous_scale``,
+``pack_mx_data_into_x4``); an implementation should follow that model.
 
 aws-neuron/aws-neuron-sdk nki/api/nki/isa/__init__.py (snapshot 81ce03ae) fixes the group
 (8 partitions x 4 elements), the block scale ``2**(floor(log2(amax)) - (Emax - 1))`` and the
 dtypes, but not: where each group's scale sits in ``dst_scale`` (nc_matmul_mx defers to
 quantize_mx's doc for "a special layout requirement" that depends on quadrants, and
 quantize_mx does not give it), which four values share a packed x4 element, nor the
-rounding and saturation of the fp8 cast. A kernel's result depends on all three, so an
-interpreter that guessed could pass kernels that fail on the device.
+rounding and saturation of the fp8 cast. A kernel's result depends on all three; the deep
+dive's golden model is the public source that settles them.
 """
 
 from __future__ import annotations

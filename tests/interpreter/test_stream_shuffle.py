@@ -63,7 +63,7 @@ def test_four_quadrants_match_the_docstring(dtype):
 
 
 def test_in_place_keeps_masked_partitions_of_the_source():
-    """"In-place shuffle is allowed, i.e., dst same as src"."""
+    """ "In-place shuffle is allowed, i.e., dst same as src"."""
     x = RNG.standard_normal((64, 4)).astype(np.float32)
     mask = _mask()
     got = run(shuffle_kernel, (x, x, tuple(mask)), {"in_place": True}).outputs
@@ -109,7 +109,7 @@ def mismatch_kernel(x, dst_dtype, dst_free):
     [(nl.bfloat16, 4, "dst dtype"), (nl.float32, 8, "dst elements per partition")],
 )
 def test_dtype_and_size_must_match(dst_dtype, dst_free, arg):
-    """"dst must have same data type as src"; "the same number of elements per partition"."""
+    """ "dst must have same data type as src"; "the same number of elements per partition"."""
     with pytest.raises(NkiValidationError) as info:
         run(mismatch_kernel, (np.zeros((32, 4), np.float32), dst_dtype, dst_free))
     assert info.value.arg == arg
