@@ -43,7 +43,7 @@ def nki_int(api: str, arg: str, value) -> int:
         raise NkiValidationError(
             api,
             arg,
-            f"must fit an int32 ({GUIDE_VALUES})",
+            f"must be within int32's range [{INT32_MIN}, {INT32_MAX}] ({GUIDE_VALUES})",
             v,
             limit=(INT32_MIN, INT32_MAX),
         )
@@ -59,8 +59,8 @@ def nki_float(api: str, arg: str, value) -> np.float32:
         raise NkiValidationError(
             api,
             arg,
-            "must be representable as a 32-bit IEEE float (nki/get-started/"
-            "nki-language-guide.rst 'NKI Values'); it rounds to infinity",
+            "must be within float32's range: it rounds to infinity as a 32-bit IEEE float "
+            "(nki/get-started/nki-language-guide.rst 'NKI Values')",
             value,
         )
     return f
