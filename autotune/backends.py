@@ -74,11 +74,9 @@ def default_backend_name() -> str:
 def _floors(report, spec, problem: dict, dtype: str, copies: int = 1) -> tuple[float, str]:
     """(floor in us, the engine that binds) for the op at ``problem``: see :class:`Measurement`.
     ``report`` profiles one of ``copies`` identical slices of it (``OpSpec.model_slice``)."""
-    params = report.params
-    rate_gbps = min(
-        float(params.dma_core_gbps), float(params.dma_engine_gbps) * int(params.dma_engines)
-    )
-    dma_ns = spec.min_traffic_bytes(problem, dtype) / rate_gbps
+    from neuron_kernels.cost_model.profiler import dma_floor_ns
+
+    dma_ns = dma_floor_ns(report.params, spec.min_traffic_bytes(problem, dtype), report.lnc)
     tensor_ns = copies * report.floors_ns()["tensor"]
     return (tensor_ns / 1e3, "TensorE") if tensor_ns >= dma_ns else (dma_ns / 1e3, "DMA")
 

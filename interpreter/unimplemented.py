@@ -26,7 +26,6 @@ _MX = (
     "adjacent contraction values little-endian in a uint32, OCP saturation then "
     "round-to-nearest cast), so it can be implemented against that golden model"
 )
-_LNC = "two-core (LNC=2) execution: LNC issue 28"
 _NL_REMOVED = (
     "an experimental nki.language wrapper the interpreter has not written; kernels write "
     "the nki.isa instructions instead"
@@ -39,8 +38,6 @@ _COLLECTIVES = "multi-device collectives: this library's kernels run on one devi
 
 # qualified name -> reason. Sorted by namespace, then name.
 UNIMPLEMENTED: dict[str, str] = {
-    "nki.isa.core_barrier": _LNC,
-    "nki.isa.sendrecv": _LNC,
     "nki.isa.dma_compute": _NOT_WRITTEN,
     "nki.isa.local_gather": _NOT_WRITTEN,
     "nki.isa.nc_match_replace8": _NOT_WRITTEN,
@@ -106,8 +103,11 @@ sentinels and round low-precision stores through `ml_dtypes`. The interpreter in
 - checks SBUF/PSUM capacity and PSUM bank use (AWS's simulator allocates every tensor
   independently and checks no capacity), and records an instruction trace for the cost model;
 - defaults to `trn2`, not the detected chip or `trn3`;
-- runs SPMD program instances one after another and accepts any grid size (hardware LNC is
-  1 or 2);
+- accepts the launch grids NKI 0.6 allows (`kernel[1]`; `kernel[2]` on trn2/trn3) and runs
+  `kernel[2]` as two physical cores in lock-step (each its own SBUF and PSUM, checked per
+  core; shared HBM), with `nisa.core_barrier` and `nisa.sendrecv`; it refuses a race between
+  the cores on the same HBM bytes (ordered by barriers, naming both instructions) and
+  dynamic control flow that differs between the cores;
 - refuses Python the NKI language does not have (generators, comprehensions, closures,
   `try`, `with`, ...; `interpreter/python_subset.py`) in the kernel and every function it
   reaches, and builds `NKIObject` classes and 32-bit values as the language guide says

@@ -21,6 +21,7 @@ from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.errors import not_implemented as _not_implemented
 from neuron_kernels.interpreter.instructions._common import NkiInstruction
 from neuron_kernels.interpreter.instructions.activate2 import activate2
+from neuron_kernels.interpreter.instructions.collective import core_barrier, sendrecv
 from neuron_kernels.interpreter.instructions.dma import dma_copy, dma_transpose
 from neuron_kernels.interpreter.instructions.gpsimd import (
     affine_select,
@@ -123,6 +124,8 @@ __all__ = [
     "nc_find_index8",
     "nonzero_with_count",
     "nc_stream_shuffle",
+    "core_barrier",
+    "sendrecv",
     "VirtualRegister",
     "register_alloc",
     "register_move",

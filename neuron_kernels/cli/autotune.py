@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--committed",
         action="store_true",
-        help="tune at the op's committed shapes (autotune/shapes.py) instead of --shape",
+        help="tune at the op's committed shapes (its OpSpec's, else autotune/shapes.py)",
     )
     parser.add_argument("--dtype", default="bf16", help="bf16|fp32|fp16 or a torch dtype name")
     parser.add_argument(
@@ -132,7 +132,9 @@ def _points(args, spec):
 
     if args.committed:
         if args.shape:
-            raise UsageError("--committed", "", "takes no --shape (it tunes autotune/shapes.py's)")
+            raise UsageError(
+                "--committed", "", "takes no --shape (it tunes the op's committed shapes)"
+            )
         return points_for(spec)
     if not args.shape:
         raise UsageError("--shape", "", f"is required (or --committed) for {spec.name}")
