@@ -245,6 +245,14 @@ class NkiTensor(NKIObject):
             if storage.views == 0 and storage.on_chip:
                 storage.psum_state = None
 
+    def __copy__(self) -> NkiTensor:
+        # Through _init_view, so the copy is counted in Storage.views like any other view.
+        view = NkiTensor._make(
+            self._storage, self.shape, self.strides, self.offset, self.dtype, self.name
+        )
+        view._indirect = self._indirect
+        return view
+
     @classmethod
     def _make(cls, storage, shape, strides, offset, dtype=None, name=None) -> NkiTensor:
         t = cls.__new__(cls)

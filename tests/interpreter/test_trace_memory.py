@@ -83,3 +83,29 @@ def test_a_psum_tile_without_views_releases_its_state(monkeypatch):
     result = run(_psum_groups, _inputs(), compute=False)
     assert held == []
     assert result.trace.count_by_api()["nisa.nc_matmul"] == 2 * TILES
+
+
+def test_a_copied_view_keeps_its_psum_tile_state():
+    """``copy.copy`` of a view counts as a view: the state outlives the original."""
+    import copy
+
+    seen = []
+
+    def kernel(a_t, b):
+        out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+        lhs = nl.ndarray((128, 128), nl.bfloat16, buffer=nl.sbuf)
+        rhs = nl.ndarray((128, 512), nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=lhs, src=a_t)
+        nisa.dma_copy(dst=rhs, src=b)
+        acc = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
+        twin = copy.copy(acc)
+        del acc
+        seen.append(twin._storage.psum_state is not None)
+        nisa.nc_matmul(dst=twin, stationary=lhs, moving=rhs, accumulate=False)
+        res = nl.ndarray((128, 512), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=twin)
+        nisa.dma_copy(dst=out, src=res)
+        return out
+
+    run(kernel, _inputs(), compute=False)
+    assert seen == [True]
