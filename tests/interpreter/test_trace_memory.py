@@ -98,12 +98,11 @@ def test_a_copied_view_keeps_its_psum_tile_state():
         nisa.dma_copy(dst=lhs, src=a_t)
         nisa.dma_copy(dst=rhs, src=b)
         acc = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
-        twin = copy.copy(acc)
-        del acc
-        seen.append(twin._storage.psum_state is not None)
-        nisa.nc_matmul(dst=twin, stationary=lhs, moving=rhs, accumulate=False)
+        acc = copy.copy(acc)  # the original view is gone, the copy is the only one left
+        seen.append(acc._storage.psum_state is not None)
+        nisa.nc_matmul(dst=acc, stationary=lhs, moving=rhs, accumulate=False)
         res = nl.ndarray((128, 512), nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=res, src=twin)
+        nisa.tensor_copy(dst=res, src=acc)
         nisa.dma_copy(dst=out, src=res)
         return out
 
