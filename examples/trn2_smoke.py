@@ -1,0 +1,140 @@
+"""First run on a Trn2 node with TorchNeuron: every op, eager and compiled, against CPU.
+
+    python examples/trn2_smoke.py [--dtype float32|bfloat16]
+
+For ``flash_attention``, ``rms_norm``, ``matmul`` and a ``FusedAdamW`` step: the op on the
+``neuron`` device, eagerly and under ``torch.compile(backend="neuron", fullgraph=True)``,
+against the same computation in plain torch on CPU in float64, held to the op's declared
+tolerance for the dtype. One line each ending ``-> PASS`` or ``-> FAIL``; exit code 1 when
+any line fails. Without torch-neuronx (a laptop, CI) the same checks run on CPU tensors,
+the kernels on the NKI interpreter and the ``aot_eager`` backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import torch
+
+import neuron_kernels  # noqa: F401  (registers torch.ops.neuron.*)
+from neuron_kernels.hardware import default_target, launch_lnc
+from neuron_kernels.kernels import REGISTRY
+from neuron_kernels.torch_ops import cpu_mode
+from neuron_kernels.torch_ops.optim import FusedAdamW
+
+# Small problems: quick on the interpreter, still several tiles and the GQA/causal paths.
+PROBLEMS = {
+    "flash_attention": {"b": 1, "h": 2, "hkv": 1, "sq": 256, "sk": 256, "d": 64, "causal": True},
+    "rms_norm": {"rows": 256, "h": 512},
+    "matmul": {"m": 256, "k": 512, "n": 512},
+}
+
+
+def _place() -> tuple[str, str]:
+    """``(device, compile backend)``: the neuron device and backend on a TorchNeuron node."""
+    try:
+        importlib.import_module("torch_neuronx")
+    except ImportError:
+        return "cpu", "aot_eager"
+    device_module = getattr(torch, "neuron", None)
+    visible = device_module is not None and device_module.is_available()
+    return ("neuron" if visible else "cpu"), "neuron"
+
+
+def _within(got: torch.Tensor, want: torch.Tensor, tol) -> tuple[bool, str]:
+    """``|got - want| <= atol + rtol * |want|`` everywhere; the worst ratio to the bound."""
+    err = (got.detach().cpu().double() - want.detach().double()).abs()
+    bound = tol.atol + tol.rtol * want.detach().double().abs()
+    ratio = float((err / bound).max()) if err.numel() else 0.0
+    return ratio <= 1.0, f"worst error {ratio:.3f} of the bound (atol {tol.atol}, rtol {tol.rtol})"
+
+
+def _report(name: str, check) -> bool:
+    try:
+        ok, detail = check()
+    except Exception as exc:  # noqa: BLE001  (a smoke test reports every failure, one line each)
+        ok, detail = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    print(f"{name}: {detail} -> {'PASS' if ok else 'FAIL'}", flush=True)
+    return ok
+
+
+def _op_check(name: str, dtype: str, device: str, fn):
+    spec = REGISTRY[name]
+    args = spec.make_inputs(PROBLEMS[name], dtype, torch.Generator().manual_seed(0))
+    want = spec.reference(*args, upcast=True)
+    on_device = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+
+    def check():
+        return _within(fn(*on_device), want, spec.tolerances[dtype])
+
+    return check
+
+
+def _adamw_check(dtype: str, device: str, step):
+    """Two steps of FusedAdamW on three params against torch.optim.AdamW in float64 on CPU."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(300,), (17, 5), (64, 64)]
+    start = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(2)]
+    hyper = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+    def run(optimizer_cls, params, stepper):
+        opt = optimizer_cls(params, **hyper)
+        for g in grads:
+            for p, gi in zip(params, g):
+                p.grad = gi.to(device=p.device, dtype=p.dtype)
+            stepper(opt)
+        return [p.detach() for p in params]
+
+    def check():
+        ref = run(
+            torch.optim.AdamW, [torch.nn.Parameter(p.double()) for p in start], lambda o: o.step()
+        )
+        params = [torch.nn.Parameter(p.to(getattr(torch, dtype)).to(device)) for p in start]
+        got = run(FusedAdamW, params, step)
+        tol = REGISTRY["fused_adamw_"].tolerances[dtype]
+        results = [_within(g, r, tol) for g, r in zip(got, ref)]
+        worst = max(results, key=lambda r: float(r[1].split()[2]))
+        return all(ok for ok, _ in results), worst[1]
+
+    return check
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    args = parser.parse_args(argv)
+    device, backend = _place()
+    target = default_target()
+    print(
+        f"torch {torch.__version__}; device {device}; compile backend {backend}; "
+        f"target {target.name}; LNC {launch_lnc(target)}; dtype {args.dtype}"
+    )
+    ops = {
+        "flash_attention": lambda q, k, v, causal, scale: torch.ops.neuron.flash_attention(
+            q, k, v, causal=causal, softmax_scale=scale
+        ),
+        "rms_norm": lambda x, w, eps, offset, mode: torch.ops.neuron.rms_norm(
+            x, w, eps, offset, mode
+        ),
+        "matmul": lambda a, b: torch.ops.neuron.matmul(a, b),
+    }
+    ok = True
+    # Without a neuron device the kernels run on the interpreter (CPU tensors' "interpret").
+    with cpu_mode("interpret"):
+        for name, fn in ops.items():
+            compiled = torch.compile(fn, backend=backend, fullgraph=True)
+            ok &= _report(f"{name} eager", _op_check(name, args.dtype, device, fn))
+            ok &= _report(f"{name} compiled", _op_check(name, args.dtype, device, compiled))
+        ok &= _report("FusedAdamW eager", _adamw_check(args.dtype, device, lambda o: o.step()))
+        ok &= _report(
+            "FusedAdamW compiled",
+            _adamw_check(args.dtype, device, lambda o: torch.compile(o.step, backend=backend)()),
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
