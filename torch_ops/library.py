@@ -123,6 +123,16 @@ def _empty_outputs(spec: OpSpec, args):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def _static(value):
+    """``value`` with symbolic sizes (a dynamic-shape trace) specialized to their current
+    ints: a kernel is compiled for one shape, so the trace guards on it. Other values as is."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_static(v) for v in value)
+    if isinstance(value, torch.Tensor) and any(not isinstance(d, int) for d in value.shape):
+        return value.reshape([int(d) for d in value.shape])
+    return value
+
+
 def _nki_op(spec: OpSpec, sig: inspect.Signature, bind, api):
     """The op on a TorchNeuron node: ``torch_neuronx.nki_op(f"neuron::{name}", body)``.
 
@@ -146,6 +156,8 @@ def _nki_op(spec: OpSpec, sig: inspect.Signature, bind, api):
             return host(*args)
         if routing.kernels_disabled():  # the rollback switch holds on the neuron device too
             return spec.reference(*args, upcast=False)
+        if not spec.mutates:  # an NKI kernel specializes on shapes: guard on them, statically
+            args = tuple(_static(a) for a in args)
         runner = neuron_device.wrap_nki_runner(wrapped)
         choice = routing.select_config(spec, args, runner.target)
         return spec.run_kernels(*args, config=choice.config, runner=runner)

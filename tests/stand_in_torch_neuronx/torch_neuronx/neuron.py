@@ -15,3 +15,11 @@ def device_count() -> int:
 
 def current_device() -> int:
     return 0
+
+
+def manual_seed_all(seed: int) -> None:
+    """Nothing to seed: no device."""
+
+
+def _is_in_bad_fork() -> bool:
+    return False
