@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -52,14 +53,16 @@ def _run(
     env["PYTHONPATH"] = os.pathsep.join(
         [*map(str, before), str(STAND_IN), *map(str, paths), *([rest] if rest else [])]
     )
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        env=env,
-        cwd=STAND_IN,  # not the checkout's root, whose neuron_kernels/ would shadow the install
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    with tempfile.TemporaryDirectory() as cwd:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code), *args],
+            env=env,
+            cwd=cwd,  # an empty folder: the checkout's neuron_kernels/ would shadow
+            # the install, the double's folder would put its dist-info before ``before``
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
 
 
 def _ok(result: subprocess.CompletedProcess) -> str:
