@@ -1,13 +1,22 @@
-"""First run on a Trn2 node with TorchNeuron: every op, eager and compiled, against CPU.
+"""Smoke checks for a fresh Trn2 node: each check prints one line, PASS or FAIL.
 
-    python examples/trn2_smoke.py [--dtype float32|bfloat16]
+    python examples/trn2_smoke.py --nrtpy-python ~/nrtpy_venv/bin/python [--dtype bfloat16]
 
-For ``flash_attention``, ``rms_norm``, ``matmul`` and a ``FusedAdamW`` step: the op on the
-``neuron`` device, eagerly and under ``torch.compile(backend="neuron", fullgraph=True)``,
-against the same computation in plain torch on CPU in float64, held to the op's declared
-tolerance for the dtype. One line each ending ``-> PASS`` or ``-> FAIL``; exit code 1 when
-any line fails. Without torch-neuronx (a laptop, CI) the same checks run on CPU tensors,
-the kernels on the NKI interpreter and the ``aot_eager`` backend.
+Run it from the NKI environment (on a Neuron DLAMI, its PyTorch venv, with TorchNeuron:
+torch-neuronx 2.14) with neuron-kernels installed; the nrtpy environment is the one of
+neuron-runtime/nrtpy/nrtpy-getting-started.rst (``--nrtpy-python`` or
+``NEURON_KERNELS_NRTPY_PYTHON``). Nothing is written into the package: studies and tuned
+configs go to a temporary folder. Exit code 0 when every check passes.
+
+Checks:
+    hardware tuning: a one-trial hardware study of matmul (compile worker -> NEFF, measure
+        worker -> device-side latency on a NeuronCore, correctness gate against the
+        reference), whose "hardware" entry the op's config lookup then returns.
+    flash_attention, rms_norm, matmul, FusedAdamW: the op on the ``neuron`` device, eagerly
+        and under ``torch.compile(backend="neuron", fullgraph=True)`` (the optimizer step
+        compiled as a function), against the same computation in plain torch on CPU in
+        float64, held to the op's declared tolerance for the dtype. Without torch-neuronx
+        these run on CPU tensors, the kernels on the NKI interpreter, with ``aot_eager``.
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -56,7 +67,7 @@ def _report(name: str, check) -> bool:
         ok, detail = check()
     except Exception as exc:  # noqa: BLE001  (a smoke test reports every failure, one line each)
         ok, detail = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    print(f"{name}: {detail} -> {'PASS' if ok else 'FAIL'}", flush=True)
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
     return ok
 
 
@@ -102,15 +113,52 @@ def _adamw_check(dtype: str, device: str, step):
     return check
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    args = parser.parse_args(argv)
+def check_hardware_tuning(nrtpy_python: str | None, shape: str, workdir: Path) -> tuple[bool, str]:
+    """One hardware trial of matmul at ``shape`` (bf16); (passed, what happened)."""
+    from neuron_kernels.autotune import results
+    from neuron_kernels.autotune.backends import BackendUnavailable
+    from neuron_kernels.autotune.neff_backend import HardwareBackend
+    from neuron_kernels.autotune.objective import make_point
+    from neuron_kernels.autotune.study import tune
+    from neuron_kernels.kernels.spec import get_spec
+
+    spec = get_spec("matmul")
+    try:
+        backend = HardwareBackend("trn2", nrtpy_python=nrtpy_python, workdir=workdir / "hw")
+    except BackendUnavailable as exc:
+        return False, str(exc)
+    point = make_point(spec, shape, "bfloat16")
+    root = workdir / "perf_results"
+    (found,) = tune(
+        spec,
+        [point],
+        target="trn2",
+        trials=1,
+        storage_url=f"sqlite:///{workdir / 'studies.db'}",
+        backend=backend,
+        results_root=root,
+        warm_start=False,
+    )
+    if found.best_us is None:
+        return False, f"the trial did not complete ({found.failed} failed, {found.pruned} pruned)"
+    choice = results.lookup(spec, point.problem, "bfloat16", "trn2", root)
+    if choice.source != "hardware":
+        return False, f"the op's lookup returned a {choice.source} config, not the hardware entry"
+    hw = choice.entry.get("hardware", {})
+    return True, (
+        f"{found.best_us:.1f} us device-side median (p99 {choice.entry['metric']['p99_us']:.1f} "
+        f"us) on {hw.get('instance_type')} at LNC={hw.get('lnc')}, neuronx-cc "
+        f"{hw.get('compiler_version')}"
+    )
+
+
+def _op_checks(dtype: str) -> bool:
+    """Every op eager and compiled against CPU; True when all pass."""
     device, backend = _place()
     target = default_target()
     print(
-        f"torch {torch.__version__}; device {device}; compile backend {backend}; "
-        f"target {target.name}; LNC {launch_lnc(target)}; dtype {args.dtype}"
+        f"ops: torch {torch.__version__}; device {device}; compile backend {backend}; "
+        f"target {target.name}; LNC {launch_lnc(target)}; dtype {dtype}"
     )
     ops = {
         "flash_attention": lambda q, k, v, causal, scale: torch.ops.neuron.flash_attention(
@@ -126,14 +174,35 @@ def main(argv=None) -> int:
     with cpu_mode("interpret"):
         for name, fn in ops.items():
             compiled = torch.compile(fn, backend=backend, fullgraph=True)
-            ok &= _report(f"{name} eager", _op_check(name, args.dtype, device, fn))
-            ok &= _report(f"{name} compiled", _op_check(name, args.dtype, device, compiled))
-        ok &= _report("FusedAdamW eager", _adamw_check(args.dtype, device, lambda o: o.step()))
+            ok &= _report(f"{name} eager", _op_check(name, dtype, device, fn))
+            ok &= _report(f"{name} compiled", _op_check(name, dtype, device, compiled))
+        ok &= _report("FusedAdamW eager", _adamw_check(dtype, device, lambda o: o.step()))
         ok &= _report(
             "FusedAdamW compiled",
-            _adamw_check(args.dtype, device, lambda o: torch.compile(o.step, backend=backend)()),
+            _adamw_check(dtype, device, lambda o: torch.compile(o.step, backend=backend)()),
         )
-    return 0 if ok else 1
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nrtpy-python", default=None, help="the nrtpy environment's python")
+    parser.add_argument(
+        "--shape", default="1024x1024x1024", help="matmul MxNxK (default %(default)s)"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16"), help="of the op checks"
+    )
+    args = parser.parse_args(argv)
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="trn2-smoke-") as tmp:
+        ok, detail = check_hardware_tuning(args.nrtpy_python, args.shape, Path(tmp))
+        failed += not ok
+        print(
+            f"{'PASS' if ok else 'FAIL'} hardware tuning: matmul {args.shape} bf16, one trial: {detail}"
+        )
+    failed += not _op_checks(args.dtype)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -454,27 +454,35 @@ runpy.run_path({str(EXAMPLES / "trn2_smoke.py")!r}, run_name="__main__")
 
 
 def _smoke_lines(out: str) -> dict[str, str]:
+    """Check name -> PASS or FAIL, from lines ``PASS <name>: <detail>``."""
     return {
-        line.split(" -> ")[0].split(":")[0].strip(): line
+        line.split(":")[0].split(" ", 1)[1]: line.split(" ", 1)[0]
         for line in out.splitlines()
-        if " -> PASS" in line or " -> FAIL" in line
+        if line.startswith(("PASS ", "FAIL "))
     }
+
+
+OP_CHECKS = [
+    f"{op} {mode}"
+    for op in ("flash_attention", "rms_norm", "matmul")
+    for mode in ("eager", "compiled")
+]
 
 
 def test_trn2_smoke_runs_on_the_double():
     result = _run(SMOKE)
     lines = _smoke_lines(result.stdout)
-    for op in ("flash_attention", "rms_norm", "matmul"):
-        for mode in ("eager", "compiled"):
-            assert lines[f"{op} {mode}"].endswith("-> PASS"), result.stdout + result.stderr
-    assert "backend neuron" in result.stdout, result.stdout
-    # FusedAdamW is issue 29 item 2: refused in one line, so the script fails.
-    for mode in ("eager", "compiled"):
-        assert lines[f"FusedAdamW {mode}"].endswith("-> FAIL"), result.stdout
-    assert result.returncode == 1
+    for check in OP_CHECKS:
+        assert lines[check] == "PASS", result.stdout + result.stderr[-3000:]
+    assert "compile backend neuron" in result.stdout, result.stdout
+    # FusedAdamW is issue 29 item 2: refused in one line each, so the script fails; so does
+    # the hardware tuning check, which needs a NeuronCore (tests/autotune plays one).
+    assert lines["FusedAdamW eager"] == lines["FusedAdamW compiled"] == "FAIL", result.stdout
+    assert lines["hardware tuning"] == "FAIL" and result.returncode == 1
 
 
 @pytest.mark.xfail(strict=True, reason=ITEM_2)
-def test_trn2_smoke_passes_on_the_double():
-    result = _run(SMOKE)
-    assert result.returncode == 0 and "FAIL" not in result.stdout, result.stdout
+def test_trn2_smoke_op_checks_all_pass_on_the_double():
+    lines = _smoke_lines(_run(SMOKE).stdout)
+    checks = OP_CHECKS + ["FusedAdamW eager", "FusedAdamW compiled"]
+    assert [lines.get(c) for c in checks] == ["PASS"] * len(checks), lines
