@@ -675,18 +675,6 @@ def _close_query_tile(s, out, lse, b, plan):
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
-def _key_tiles(states, k, v, kv, b, kvh, plan):
-    """(kt, vb, r0, kk0) for each key tile some query tile in ``states`` sees; streamed
-    K/V blocks load as the iteration reaches them."""
-    k_end = max(s["k_end"] for s in states)
-    for blk in range((k_end + plan.kv_block - 1) // plan.kv_block if k_end > 0 else 0):
-        r0 = blk * plan.kv_block
-        rows = min(plan.kv_block, plan.sk - r0)
-        kt, vb = kv if kv is not None else _load_kv_block(k, v, b, kvh, r0, rows, plan)
-        for kk0 in range(0, min(rows, k_end - r0), plan.k_tile):
-            yield kt, vb, r0, kk0
-
-
 def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
     """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
     ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
@@ -694,29 +682,42 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
     first, at a group's end) are issued before this key tile's exp, P V and fold, so
     TensorE and VectorE never wait on this tile's chain."""
     pending = None  # (work, vb, states to close after it, or None)
-
-    def drain():
-        work, vb, finished = pending
-        _back(work, vb, q.dtype, plan)
-        for s in finished or ():
-            _close_query_tile(s, out, lse, b, plan)
-
     for t0 in range(0, len(tiles), plan.q_group):
-        states = [_open_query_tile(q, b, h, q0, plan) for h, q0 in tiles[t0 : t0 + plan.q_group]]
+        states = []
+        for h, q0 in tiles[t0 : t0 + plan.q_group]:
+            states.append(_open_query_tile(q, b, h, q0, plan))
         last = None
-        for kt, vb, r0, kk0 in _key_tiles(states, k, v, kv, b, kvh, plan):
-            work = _front(states, kt, r0, kk0, plan)
-            if pending is not None:
-                drain()
-            pending = (work, vb, None)
-            last = pending
+        # Each key tile some query tile of the group sees; streamed K/V blocks load as
+        # the loop reaches them.
+        k_end = states[0]["k_end"]
+        for s in states:
+            k_end = max(k_end, s["k_end"])
+        for blk in range((k_end + plan.kv_block - 1) // plan.kv_block if k_end > 0 else 0):
+            r0 = blk * plan.kv_block
+            rows = min(plan.kv_block, plan.sk - r0)
+            kt, vb = kv if kv is not None else _load_kv_block(k, v, b, kvh, r0, rows, plan)
+            for kk0 in range(0, min(rows, k_end - r0), plan.k_tile):
+                work = _front(states, kt, r0, kk0, plan)
+                if pending is not None:
+                    _drain(pending, q.dtype, out, lse, b, plan)
+                pending = (work, vb, None)
+                last = pending
         if last is None:  # no key is visible to any tile of the group
             for s in states:
                 _close_query_tile(s, out, lse, b, plan)
         else:
             pending = (pending[0], pending[1], states)
     if pending is not None:
-        drain()
+        _drain(pending, q.dtype, out, lse, b, plan)
+
+
+def _drain(pending, q_dtype, out, lse, b, plan):
+    """The back half of a pending key tile, then the query tiles that finished with it."""
+    work, vb, finished = pending
+    _back(work, vb, q_dtype, plan)
+    if finished is not None:
+        for s in finished:
+            _close_query_tile(s, out, lse, b, plan)
 
 
 @nki.jit
@@ -738,9 +739,10 @@ def forward(q, k, v, plan):
         for kvh in range(Hkv):
             # K/V resident: loaded once, shared by every query tile of the group's heads.
             kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
-            tiles = [
-                (kvh * group + g, q0) for g in range(group) for q0 in range(0, Sq, plan.q_tile)
-            ]
+            tiles = []
+            for g in range(group):
+                for q0 in range(0, Sq, plan.q_tile):
+                    tiles.append((kvh * group + g, q0))
             _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan)
     return out, lse
 
