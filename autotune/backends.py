@@ -84,14 +84,17 @@ def _floors(report, spec, problem: dict, dtype: str, copies: int = 1) -> tuple[f
 
 
 class ModelBackend:
-    """Modeled latency: trace-only interpreter run at the full shape (or one of its
-    ``model_slice`` pieces, times their count) + the cost model."""
+    """Modeled latency: trace-only interpreter run at the full shape (or, at LNC=1, one of
+    its ``model_slice`` pieces, times their count) + the cost model, the kernels launched
+    at LNC ``lnc``. At LNC > 1 the whole launch is traced (every core's share): a slice
+    does not split over the cores as the whole problem does."""
 
     name = "model"
     source = "modeled"
 
-    def __init__(self, target: str, **param_overrides) -> None:
+    def __init__(self, target: str, lnc: int = 1, **param_overrides) -> None:
         self.target = target_from_name(target)
+        self.lnc = lnc
         self.param_overrides = param_overrides
         self._inputs: dict[tuple, tuple] = {}
 
@@ -120,8 +123,10 @@ class ModelBackend:
     def measure(self, spec, problem: dict, dtype: str, config) -> Measurement:
         from neuron_kernels.cost_model.profiler import Profiler
 
-        traced, copies = spec.model_slice(problem) if spec.model_slice else (problem, 1)
+        sliced = spec.model_slice is not None and self.lnc == 1
+        traced, copies = spec.model_slice(problem) if sliced else (problem, 1)
         profiler = Profiler(target=self.target, compute=False, **self.param_overrides)
+        profiler.lnc = self.lnc  # the LNC the op's run_kernels launches at (spec.runner_lnc)
         spec.run_kernels(*self.trace_inputs(spec, traced, dtype), config=config, runner=profiler)
         report = profiler.report()
         floor_us, floor_engine = _floors(report, spec, problem, dtype, copies)
@@ -193,7 +198,7 @@ class HardwareBackend:
     name = "hardware"
     source = "hardware"
 
-    def __init__(self, target: str, warmup: int = 5, iters: int = 20) -> None:
+    def __init__(self, target: str, warmup: int = 5, iters: int = 20, lnc: int = 1) -> None:
         if not has_neuron_device():
             raise BackendUnavailable(
                 "the hardware backend needs the Neuron SDK's nki package and a /dev/neuron* "
@@ -201,10 +206,12 @@ class HardwareBackend:
             )
         self.target = target_from_name(target)
         self.warmup, self.iters = warmup, iters
-        self._floor = ModelBackend(target)
+        self.lnc = lnc
+        self._floor = ModelBackend(target, lnc=lnc)
 
     def measure(self, spec, problem: dict, dtype: str, config) -> Measurement:
         runner = _BenchmarkRunner(self.target, self.warmup, self.iters)
+        runner.lnc = self.lnc
         spec.run_kernels(*self._floor.inputs(spec, problem, dtype), config=config, runner=runner)
         modeled = self._floor.measure(spec, problem, dtype, config)
         return Measurement(
@@ -217,9 +224,9 @@ class HardwareBackend:
         )
 
 
-def make_backend(name: str, target: str):
+def make_backend(name: str, target: str, lnc: int = 1):
     if name == "model":
-        return ModelBackend(target)
+        return ModelBackend(target, lnc=lnc)
     if name == "hardware":
-        return HardwareBackend(target)
+        return HardwareBackend(target, lnc=lnc)
     raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")

@@ -11,6 +11,7 @@ File format (version 1)::
         {
           "shape_bucket": "m1024_n1024_k1024",    # OpSpec.shape_bucket(problem)
           "dtype": "bfloat16",                     # NKI dtype name
+          "lnc": 2,                                # launch LNC (kernel[lnc]); absent: 1
           "kernel_hash": "sha256:...",             # kernel_hash(spec): what decides its instructions
           "model_version": "1",                    # cost model version (modeled) or null (hardware)
           "source": "modeled",                     # "modeled" (cost model) | "hardware" (Trn run)
@@ -22,8 +23,9 @@ File format (version 1)::
       ]
     }
 
-An entry applies only when every key matches: op, target, shape bucket, dtype, kernel
-hash, and for a modeled entry the cost-model version (``COST_MODEL_VERSION``) that ranked
+An entry applies only when every key matches: op, target, shape bucket, dtype, launch
+LNC (the physical cores the kernel splits its work over; an entry without ``lnc`` was
+tuned at LNC=1, before kernels split), kernel hash, and for a modeled entry the cost-model version (``COST_MODEL_VERSION``) that ranked
 it. Every field is checked by type before use. A corrupt file, an entry of the wrong
 type, or one tuned for another kernel or cost model falls back to the op's default config
 with one warning; a plain miss falls back silently (logged once).
@@ -60,6 +62,7 @@ __all__ = [
     "results_path",
     "kernel_hash",
     "load_entries",
+    "entry_lnc",
     "lookup",
     "write_entry",
     "PerfResultsWarning",
@@ -131,6 +134,7 @@ class ConfigChoice:
 _ENTRY_FIELDS = {  # field: (types, required)
     "shape_bucket": ((str,), True),
     "dtype": ((str,), True),
+    "lnc": ((int,), False),  # the launch's LNC; absent: 1
     "kernel_hash": ((str,), True),
     "source": ((str,), True),
     "config": ((dict,), True),
@@ -154,6 +158,8 @@ def _check_entry(i: int, e: Any) -> None:
         if key in e and (not isinstance(e[key], types) or isinstance(e[key], bool)):
             names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
             raise ValueError(f"entry {i} {key!r} must be {names}, got {e[key]!r}")
+    if entry_lnc(e) < 1:
+        raise ValueError(f"entry {i} 'lnc' must be >= 1, got {e['lnc']!r}")
     if e["source"] not in SOURCES:
         raise ValueError(f"entry {i} 'source' must be one of {SOURCES}, got {e['source']!r}")
     if e["source"] == "modeled" and not isinstance(e.get("model_version"), str):
@@ -161,6 +167,12 @@ def _check_entry(i: int, e: Any) -> None:
     bad_keys = [k for k in e["config"] if not isinstance(k, str)]
     if bad_keys:
         raise ValueError(f"entry {i} 'config' keys must be strings, got {bad_keys!r}")
+
+
+def entry_lnc(entry: dict) -> int:
+    """The LNC an entry was tuned at: its ``lnc``, or 1 for an entry written before the
+    kernels split their work over the cores of a logical NeuronCore."""
+    return entry.get("lnc", 1)
 
 
 def load_entries(path: Path, op: str, target: str) -> list[dict]:
@@ -182,8 +194,10 @@ def load_entries(path: Path, op: str, target: str) -> list[dict]:
     return entries
 
 
-def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = None) -> ConfigChoice:
-    """The tuned config for (op, shape bucket, dtype, target), else the default."""
+def lookup(
+    spec, problem: dict, dtype: str, target: str, root: Path | None = None, lnc: int = 1
+) -> ConfigChoice:
+    """The tuned config for (op, shape bucket, dtype, target, launch LNC), else the default."""
     default = ConfigChoice(spec.config.default(), "default")
     path = results_path(spec.name, target, root)
     bucket = spec.shape_bucket(problem)
@@ -200,11 +214,15 @@ def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = Non
             f"{path} is unreadable ({exc}); {spec.name} uses its default config",
         )
         return default
-    matches = [e for e in entries if e["shape_bucket"] == bucket and e["dtype"] == dtype]
+    matches = [
+        e
+        for e in entries
+        if e["shape_bucket"] == bucket and e["dtype"] == dtype and entry_lnc(e) == lnc
+    ]
     if not matches:
         _log_once(
-            ("miss", str(path), bucket, dtype),
-            f"{path}: no entry for {bucket} {dtype}; using the default",
+            ("miss", str(path), bucket, dtype, lnc),
+            f"{path}: no entry for {bucket} {dtype} at LNC={lnc}; using the default",
         )
         return default
     current = kernel_hash(spec)
@@ -231,7 +249,7 @@ def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = Non
     best = sorted(fresh, key=lambda e: SOURCES.index(e["source"]))[-1]  # hardware beats modeled
     try:
         config = spec.config.from_dict(best["config"])
-        spec.check(problem, dtype, config, target)
+        spec.check(problem, dtype, config, target, lnc)
     except (LimitError, TypeError) as exc:
         _warn_once(
             ("invalid", str(path), bucket, dtype),
@@ -243,7 +261,7 @@ def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = Non
 
 def write_entry(spec, entry: dict, target: str, root: Path | None = None) -> Path:
     """Merge one entry into the op's file (replacing the one with the same bucket, dtype and
-    source, keeping every other); returns the file written.
+    source and LNC, keeping every other); returns the file written.
 
     The read-merge-write holds an exclusive ``flock`` on the target's folder (concurrent
     tuners never lose each other's entries; no lock file is left behind), and the new file is written to a temporary file in
@@ -263,10 +281,13 @@ def write_entry(spec, entry: dict, target: str, root: Path | None = None) -> Pat
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
         entries = load_entries(path, spec.name, target) if path.exists() else []
-        key = (entry["shape_bucket"], entry["dtype"], entry["source"])
-        entries = [e for e in entries if (e["shape_bucket"], e["dtype"], e["source"]) != key]
+
+        def key(e):
+            return (e["shape_bucket"], e["dtype"], entry_lnc(e), e["source"])
+
+        entries = [e for e in entries if key(e) != key(entry)]
         entries.append(entry)
-        entries.sort(key=lambda e: (e["shape_bucket"], e["dtype"], e["source"]))
+        entries.sort(key=key)
         doc = {
             "format": FORMAT,
             "version": VERSION,

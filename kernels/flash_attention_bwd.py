@@ -55,14 +55,16 @@ from neuron_kernels.kernels.spec import (
     ceil_div,
     dtype_name,
     register,
+    runner_lnc,
     tunable,
 )
+from neuron_kernels.kernels.tiling import core_share, tiled
 
 __all__ = [
     "SPEC",
     "FlashAttentionBwdConfig",
     "FlashAttentionBwdPlan",
-    "backward",
+    "flash_attention_bwd",
     "plan",
     "reference",
     "run_kernels",
@@ -166,31 +168,24 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     lag_kv: int  # pipeline: stage 2 (dK/dV, dS^T) runs this many pairs behind the scores
     lag_q: int  # pipeline: stage 3 (dQ) runs this many pairs behind the scores
     pe_transpose_keeps_dtype: bool  # PE transposes write the input dtype to PSUM (v3+)
+    lnc: int  # physical cores of the launch (kernel[lnc])
+    core_groups: tuple  # per core, its (batch, KV head) groups ((b, kv head), ...)
     sbuf_bytes: int
     psum_banks: int
 
 
-def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Target):
-    """The tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``.
+def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Target, lnc: int = 1):
+    """The tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``, the
+    (batch, KV head) groups split over ``lnc`` cores: a group's dK and dV sum over all its
+    query heads and rows, so a group stays on one core and the cores write disjoint
+    gradients (with fewer groups than cores, a core idles: splitting a group would need
+    a cross-core sum of dK/dV).
 
     Raises:
         LimitError: DMA transposes on a target or dtype that has none.
     """
     if config.transpose == "dma":
-        if not target.has_dma_transpose:
-            raise LimitError(
-                OP,
-                "config transpose",
-                f"must not be 'dma' on {target.name} (DMA transpose needs trn2+)",
-                "dma",
-            )
-        if ITEMSIZE[dtype] != 2:
-            raise LimitError(
-                OP,
-                "config transpose",
-                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
-                f"dma with {dtype}",
-            )
+        target.check_dma_transpose(OP, "config transpose", dtype, ITEMSIZE[dtype])
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     item = ITEMSIZE[dtype]
@@ -251,9 +246,17 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         lag_kv=PIPELINE_LAG_KV,
         lag_q=PIPELINE_LAG_Q,
         pe_transpose_keeps_dtype=target.has_transpose_mode,
+        lnc=lnc,
+        core_groups=_core_groups(b, hkv, lnc),
         sbuf_bytes=sbuf,
         psum_banks=banks,
     )
+
+
+def _core_groups(b: int, hkv: int, lnc: int) -> tuple:
+    """Each core's ``(b, kv head)`` groups, all of equal work, in the LNC=1 loop's order."""
+    groups = [(bb, kvh) for bb in range(b) for kvh in range(hkv)]
+    return tuple(tuple(core_share(groups, [1] * len(groups), c, lnc)) for c in range(lnc))
 
 
 # -- the NKI kernel ----------------------------------------------------------------------
@@ -268,13 +271,12 @@ def _transpose_rows(src, rows, t_dst, n, plan, psum_dtype):
     """Fill the D-chunk views ``t_dst[c] [d_tile, n]`` with the transpose of ``src [n, D]``:
     DMA transposes from HBM, or PE transposes of the SBUF ``rows`` through PSUM."""
     d, dt = plan.d, plan.d_tile
-    for c in range(plan.d_chunks):
-        dcs = min(dt, d - c * dt)
+    for c, (d0, dcs) in enumerate(tiled(d, dt)):
         if plan.transpose == "dma":
-            nisa.dma_transpose(dst=t_dst[c][0:dcs, 0:n], src=src[0:n, c * dt : c * dt + dcs])
+            nisa.dma_transpose(dst=t_dst[c][0:dcs, 0:n], src=src[0:n, d0 : d0 + dcs])
         else:
             tp = nl.ndarray((dcs, n), dtype=psum_dtype, buffer=nl.psum, name="load_t")
-            nisa.nc_transpose(dst=tp, data=rows[0:n, c * dt : c * dt + dcs])
+            nisa.nc_transpose(dst=tp, data=rows[0:n, d0 : d0 + dcs])
             nisa.tensor_copy(dst=t_dst[c][0:dcs, 0:n], src=tp)
 
 
@@ -292,10 +294,8 @@ def _transpose_ds(ds, n_q, n_k, plan, psum_dtype):
         nisa.dma_transpose(dst=dst[0:n_k, 0:n_q], src=ds[0:n_q, 0:n_k])
     else:
         blk = plan.vector_transpose
-        for p0 in range(0, n_q, blk):
-            ps = min(blk, n_q - p0)
-            for f0 in range(0, n_k, blk):
-                fs = min(blk, n_k - f0)
+        for p0, ps in tiled(n_q, blk):
+            for f0, fs in tiled(n_k, blk):
                 nisa.nc_transpose(
                     dst=dst[f0 : f0 + fs, p0 : p0 + ps],
                     data=ds[p0 : p0 + ps, f0 : f0 + fs],
@@ -324,8 +324,7 @@ def _scores(qs, kv, pair, scale, plan):
     tq, tk, dt = plan.tile_q, plan.tile_k, plan.d_tile
     dtype = qs["q"].dtype
     s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.psum, name="s")
-    for c in range(plan.d_chunks):
-        dcs = min(dt, plan.d - c * dt)
+    for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
         nisa.nc_matmul(
             dst=s[0:n_q, 0:n_k],
             stationary=qs["q_t"][0:dcs, c, t * tq : t * tq + n_q],
@@ -352,8 +351,7 @@ def _scores(qs, kv, pair, scale, plan):
             offset=q0 + plan.sk - plan.sq - k0,
         )
     dp = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.psum, name="dp")
-    for c in range(plan.d_chunks):
-        dcs = min(dt, plan.d - c * dt)
+    for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
         nisa.nc_matmul(
             dst=dp[0:n_q, 0:n_k],
             stationary=qs["do_t"][0:dcs, c, t * tq : t * tq + n_q],
@@ -589,9 +587,9 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
     pairs = []
     if plan.loop_order == "kv_outer":
         triples = []
-        for jb in range(0, n_kt, kb):
+        for jb, jbs in tiled(n_kt, kb):
             for t in range(n_tiles):
-                for j in range(jb, min(jb + kb, n_kt)):
+                for j in range(jb, jb + jbs):
                     triples.append((t, j))
     else:
         triples = []
@@ -609,7 +607,7 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
 
 
 @nki.jit
-def backward(dout, q, k, v, out, lse, scale, plan):
+def flash_attention_bwd(dout, q, k, v, out, lse, scale, plan):
     """``(dq, dk, dv)`` for attention in BHSD layout (HBM): ``dout, q, out [B, H, Sq, D]``,
     ``k, v [B, Hkv, Sk, D]``, ``lse [B, H, Sq]`` fp32; ``scale`` is the softmax scale
     (a compile-time float) and ``plan`` the :class:`FlashAttentionBwdPlan` for these shapes.
@@ -617,6 +615,9 @@ def backward(dout, q, k, v, out, lse, scale, plan):
     The tile pairs of a pass run as a three-stage software pipeline in program order
     (scores of pair n, dK/dV and dS^T of pair n - lag_kv, dQ of pair n - lag_q), so each engine's
     in-order queue has independent work while the previous pair's results travel.
+    Launched as ``flash_attention_bwd[plan.lnc]``: each physical core takes its
+    (batch, KV head) groups ``plan.core_groups[nl.program_id(0)]`` and writes only their
+    dq, dk and dv.
     """
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -628,6 +629,7 @@ def backward(dout, q, k, v, out, lse, scale, plan):
         plan.sk,
         plan.d,
     ), "flash_attention_bwd: the plan was made for other shapes"
+    assert nl.num_programs(0) == plan.lnc, "flash_attention_bwd: launch it [plan.lnc]"
     dq = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="dq")
     dk = nl.ndarray((B, Hkv, Sk, D), dtype=k.dtype, buffer=nl.shared_hbm, name="dk")
     dv = nl.ndarray((B, Hkv, Sk, D), dtype=v.dtype, buffer=nl.shared_hbm, name="dv")
@@ -639,126 +641,121 @@ def backward(dout, q, k, v, out, lse, scale, plan):
     # NeuronCore-v2 transposes through an fp32 matmul.
     psum_dtype = q.dtype if plan.pe_transpose_keeps_dtype else nl.float32
 
-    for b in range(B):
-        for hk in range(Hkv):
-            # dK and dV of this KV head, summed over its query heads and query tiles (fp32).
-            acc = {
-                "dk": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dk_acc"),
-                "dv": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dv_acc"),
-                "kv_started": [False] * n_kt,
-            }
-            kv_all = None
-            if not kv_outer:  # every key tile of the head stays in SBUF
-                kv_all = [None] * n_kt
-                for j in range(n_kt):
-                    kv_all[j] = _load_kv_rows(k, v, b, hk, j, plan)
-                for j in range(n_kt):
-                    if plan.transpose != "dma":
-                        _transpose_kv(kv_all[j], plan, psum_dtype)
-            # The query passes of this KV head: each query head's tiles, q_block at a time.
-            passes = []
-            for g in range(plan.groups):
-                for p0 in range(0, n_qt, plan.q_block):
-                    passes.append((hk * plan.groups + g, p0, min(plan.q_block, n_qt - p0)))
-            pass_pairs = [_pass_pairs(ps[1], ps[2], n_kt, plan) for ps in passes]
-            kb = plan.kv_block
-            qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan)
-            _query_pass_prepare(qs_next, plan, psum_dtype)
-            kv_next = kv_all
-            if kv_outer:
-                kv_next = [None] * n_kt
-                if len(pass_pairs[0]) > 0:
-                    jb0 = pass_pairs[0][0][1] // kb
-                    _load_kv_block(k, v, b, hk, jb0, kv_next, n_kt, plan, psum_dtype, 3)
-            for i in range(len(passes)):
-                h, p0, n_tiles = passes[i]
-                qs, kv_tiles = qs_next, kv_next
-                pairs = pass_pairs[i]
-                n_pairs = len(pairs)
-                # Prefetch the next pass while this one runs: its DMAs now, its transposes
-                # (and its first key block, under kv_outer) near this pass's end.
-                has_next = i + 1 < len(passes)
-                next_block = -1
-                if has_next:
-                    qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan)
-                    if kv_outer and len(pass_pairs[i + 1]) > 0:
-                        next_block = pass_pairs[i + 1][0][1] // kb
-                if kv_outer and n_kt <= kb and next_block >= 0:
-                    kv_next = kv_tiles  # one key block: the next pass reuses its tiles
-                    next_block = -1
-                elif kv_outer:
-                    kv_next = [None] * n_kt
-                prepared = False
-                acc["q_started"] = [False] * n_tiles
-                if kv_outer:
-                    acc["dq"] = nl.ndarray(
-                        (tq, n_tiles, D), dtype=nl.float32, buffer=nl.sbuf, name="dq_acc"
-                    )
-                # Where PSUM sums start and end: the key block of a pair (dK/dV under
-                # kv_outer) and its run of consecutive pairs with one query tile (dQ).
-                kv_group = [pr[1] // kb if kv_outer else n for n, pr in enumerate(pairs)]
-                q_group = [
-                    (pr[0], kv_group[n]) if kv_outer else pr[0] for n, pr in enumerate(pairs)
-                ]
-                blocks = []  # key blocks in the order the pass first uses them
-                for jb in kv_group if kv_outer else ():
-                    if len(blocks) == 0 or blocks[-1] != jb:
-                        blocks.append(jb)
-                states = [None] * n_pairs
-                for step in range(n_pairs + plan.lag_q):
-                    n = step
-                    if n < n_pairs:
-                        pair = pairs[n]
-                        first = n == 0 or kv_group[n - 1] != kv_group[n]
-                        last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
-                        # prefetch the next key block: rows now, transposes at its end
-                        ahead, dst_tiles = -1, kv_tiles
-                        if kv_outer:
-                            at = blocks.index(kv_group[n])
-                            if at + 1 < len(blocks):
-                                ahead = blocks[at + 1]
-                            else:
-                                ahead, dst_tiles = next_block, kv_next
-                        if ahead >= 0 and first:
-                            _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
-                        states[n] = _scores(qs, kv_tiles[pair[1]], pair, scale, plan)
-                        if ahead >= 0 and last:
-                            _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
-                        if n == n_pairs - 1 and has_next:
-                            _query_pass_prepare(qs_next, plan, psum_dtype)
-                            prepared = True
-                    n = step - plan.lag_kv
-                    if 0 <= n < n_pairs:
-                        first = n == 0 or kv_group[n - 1] != kv_group[n]
-                        last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
-                        _kv_grads(states[n], qs, pairs[n], first, last, acc, plan, psum_dtype)
-                    n = step - plan.lag_q
-                    if 0 <= n < n_pairs:
-                        first = n == 0 or q_group[n - 1] != q_group[n]
-                        last = n == n_pairs - 1 or q_group[n + 1] != q_group[n]
-                        kv = kv_tiles[pairs[n][1]]
-                        _q_grads(states[n], kv, pairs[n], first, last, acc, dq[b, h], scale, plan)
-                        states[n] = None
-                if has_next and not prepared:  # a pass no key reaches
-                    _query_pass_prepare(qs_next, plan, psum_dtype)
-                    if next_block >= 0:
-                        _load_kv_block(k, v, b, hk, next_block, kv_next, n_kt, plan, psum_dtype, 3)
-                for t in range(n_tiles):
-                    q0 = (p0 + t) * tq
-                    n_q = min(tq, Sq - q0)
-                    if not acc["q_started"][t]:
-                        _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
-                    elif kv_outer:
-                        src = acc["dq"][0:n_q, t, :]
-                        _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, D)
+    for b, hk in plan.core_groups[nl.program_id(0)]:
+        # dK and dV of this KV head, summed over its query heads and query tiles (fp32).
+        acc = {
+            "dk": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dk_acc"),
+            "dv": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dv_acc"),
+            "kv_started": [False] * n_kt,
+        }
+        kv_all = None
+        if not kv_outer:  # every key tile of the head stays in SBUF
+            kv_all = [None] * n_kt
             for j in range(n_kt):
-                k0 = j * tk
-                n_k = min(tk, Sk - k0)
-                started = acc["kv_started"][j]
-                dk_src = acc["dk"][0:n_k, j, :] if started else None
-                dv_src = acc["dv"][0:n_k, j, :] if started else None
-                _store_scaled(dk[b, hk, k0 : k0 + n_k, :], dk_src, n_k, scale, D)
-                _store_scaled(dv[b, hk, k0 : k0 + n_k, :], dv_src, n_k, 1.0, D)
+                kv_all[j] = _load_kv_rows(k, v, b, hk, j, plan)
+            for j in range(n_kt):
+                if plan.transpose != "dma":
+                    _transpose_kv(kv_all[j], plan, psum_dtype)
+        # The query passes of this KV head: each query head's tiles, q_block at a time.
+        passes = []
+        for g in range(plan.groups):
+            for p0, n_pass in tiled(n_qt, plan.q_block):
+                passes.append((hk * plan.groups + g, p0, n_pass))
+        pass_pairs = [_pass_pairs(ps[1], ps[2], n_kt, plan) for ps in passes]
+        kb = plan.kv_block
+        qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan)
+        _query_pass_prepare(qs_next, plan, psum_dtype)
+        kv_next = kv_all
+        if kv_outer:
+            kv_next = [None] * n_kt
+            if len(pass_pairs[0]) > 0:
+                jb0 = pass_pairs[0][0][1] // kb
+                _load_kv_block(k, v, b, hk, jb0, kv_next, n_kt, plan, psum_dtype, 3)
+        for i in range(len(passes)):
+            h, p0, n_tiles = passes[i]
+            qs, kv_tiles = qs_next, kv_next
+            pairs = pass_pairs[i]
+            n_pairs = len(pairs)
+            # Prefetch the next pass while this one runs: its DMAs now, its transposes
+            # (and its first key block, under kv_outer) near this pass's end.
+            has_next = i + 1 < len(passes)
+            next_block = -1
+            if has_next:
+                qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan)
+                if kv_outer and len(pass_pairs[i + 1]) > 0:
+                    next_block = pass_pairs[i + 1][0][1] // kb
+            if kv_outer and n_kt <= kb and next_block >= 0:
+                kv_next = kv_tiles  # one key block: the next pass reuses its tiles
+                next_block = -1
+            elif kv_outer:
+                kv_next = [None] * n_kt
+            prepared = False
+            acc["q_started"] = [False] * n_tiles
+            if kv_outer:
+                acc["dq"] = nl.ndarray(
+                    (tq, n_tiles, D), dtype=nl.float32, buffer=nl.sbuf, name="dq_acc"
+                )
+            # Where PSUM sums start and end: the key block of a pair (dK/dV under
+            # kv_outer) and its run of consecutive pairs with one query tile (dQ).
+            kv_group = [pr[1] // kb if kv_outer else n for n, pr in enumerate(pairs)]
+            q_group = [(pr[0], kv_group[n]) if kv_outer else pr[0] for n, pr in enumerate(pairs)]
+            blocks = []  # key blocks in the order the pass first uses them
+            for jb in kv_group if kv_outer else ():
+                if len(blocks) == 0 or blocks[-1] != jb:
+                    blocks.append(jb)
+            states = [None] * n_pairs
+            for step in range(n_pairs + plan.lag_q):
+                n = step
+                if n < n_pairs:
+                    pair = pairs[n]
+                    first = n == 0 or kv_group[n - 1] != kv_group[n]
+                    last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
+                    # prefetch the next key block: rows now, transposes at its end
+                    ahead, dst_tiles = -1, kv_tiles
+                    if kv_outer:
+                        at = blocks.index(kv_group[n])
+                        if at + 1 < len(blocks):
+                            ahead = blocks[at + 1]
+                        else:
+                            ahead, dst_tiles = next_block, kv_next
+                    if ahead >= 0 and first:
+                        _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
+                    states[n] = _scores(qs, kv_tiles[pair[1]], pair, scale, plan)
+                    if ahead >= 0 and last:
+                        _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
+                    if n == n_pairs - 1 and has_next:
+                        _query_pass_prepare(qs_next, plan, psum_dtype)
+                        prepared = True
+                n = step - plan.lag_kv
+                if 0 <= n < n_pairs:
+                    first = n == 0 or kv_group[n - 1] != kv_group[n]
+                    last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
+                    _kv_grads(states[n], qs, pairs[n], first, last, acc, plan, psum_dtype)
+                n = step - plan.lag_q
+                if 0 <= n < n_pairs:
+                    first = n == 0 or q_group[n - 1] != q_group[n]
+                    last = n == n_pairs - 1 or q_group[n + 1] != q_group[n]
+                    kv = kv_tiles[pairs[n][1]]
+                    _q_grads(states[n], kv, pairs[n], first, last, acc, dq[b, h], scale, plan)
+                    states[n] = None
+            if has_next and not prepared:  # a pass no key reaches
+                _query_pass_prepare(qs_next, plan, psum_dtype)
+                if next_block >= 0:
+                    _load_kv_block(k, v, b, hk, next_block, kv_next, n_kt, plan, psum_dtype, 3)
+            for t in range(n_tiles):
+                q0 = (p0 + t) * tq
+                n_q = min(tq, Sq - q0)
+                if not acc["q_started"][t]:
+                    _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
+                elif kv_outer:
+                    src = acc["dq"][0:n_q, t, :]
+                    _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, D)
+        for j, (k0, n_k) in enumerate(tiled(Sk, tk)):
+            started = acc["kv_started"][j]
+            dk_src = acc["dk"][0:n_k, j, :] if started else None
+            dv_src = acc["dv"][0:n_k, j, :] if started else None
+            _store_scaled(dk[b, hk, k0 : k0 + n_k, :], dk_src, n_k, scale, D)
+            _store_scaled(dv[b, hk, k0 : k0 + n_k, :], dv_src, n_k, 1.0, D)
     return dq, dk, dv
 
 
@@ -855,11 +852,15 @@ def run_kernels(
     if 0 in (*q.shape, k.shape[1], k.shape[2]):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     tiles = SPEC.check(
-        problem(dout, q, k, v, out, lse, causal), dtype_name(q), config, runner.target
+        problem(dout, q, k, v, out, lse, causal),
+        dtype_name(q),
+        config,
+        runner.target,
+        runner_lnc(runner),
     )
     scale = resolve_scale(softmax_scale, q.shape[3])
     dq, dk, dv = runner(
-        backward,
+        flash_attention_bwd[tiles.lnc],
         dout.contiguous(),
         q.contiguous(),
         k.contiguous(),
@@ -972,7 +973,7 @@ SPEC = register(
             # budgets bind here (trace-only runs): long query passes at the largest head dim
             "large": {"b": 1, "hkv": 1, "groups": 1, "sq": 8192, "sk": 256, "d": 256},
         },
-        kernels=(backward,),
+        kernels=(flash_attention_bwd,),
         model_slice=kv_group_slice,
         bad_inputs=_bad_inputs,
         budget_hints={

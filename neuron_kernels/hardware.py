@@ -12,6 +12,10 @@ Sources are paths in aws-neuron/aws-neuron-sdk (snapshot 81ce03ae) unless noted:
   [v3]    nki/guides/architecture/trainium2_arch.rst
   [v4]    nki/guides/architecture/trainium3_arch.rst
   [nkipy] aws-neuron/nkipy nkigen/.../HardwareConstants.h (mirrors the nki wheel's target_info)
+  [lnc]   about-neuron/arch/neuron-features/logical-neuroncore-config.rst
+  [jit]   nki/api/nki/__init__.py                 jit: kernel[lnc](...), default 1
+  [ptu]   torch-neuronx torch_neuronx/csrc/core/utils/PlatformUtils.cpp (public copy
+          parmoham-aws/test-repo-parmoham): default logical cores per instance family
 """
 
 from __future__ import annotations
@@ -30,12 +34,17 @@ __all__ = [
     "default_target",
     "usable_psum_banks",
     "usable_psum_bytes",
+    "LNC_ENV",
+    "launch_lnc",
 ]
 
 TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 # [ts] With this set to "true" on NeuronCore-v3+, DMA transposes run as PE transposes and
 # PSUM bank 7 is reserved for them: tile_size.psum_num_banks returns 7.
 PE_TRANSPOSE_DMA_ENV = "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE"
+# [lnc] The runtime groups this many physical cores into one logical core; [jit] a kernel's
+# launch LNC must match it ("Mismatching the two will cause a runtime error").
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,11 @@ class Target:
     # The start-partition rule (65-128 partitions start at 0, 33-64 at 0/64, 1-32 at
     # 0/32/64/96) is documented for NeuronCore-v2 only. [v2] "Data streaming"
     start_partition_rule: bool = False
+    # Logical NeuronCore sizes (physical cores per launch) and the runtime's default. [lnc]
+    # "LNC can only be set to 1 or 2 ... LNC applies only to Trn2 and Trn3"; [ptu] maps
+    # trn1/inf2 to "1" and trn2/trn3 to "2". The two cores of an LNC=2 share one HBM stack.
+    lnc_choices: tuple[int, ...] = (1,)
+    default_lnc: int = 1
 
     @property
     def sbuf_fmax(self) -> int:
@@ -107,6 +121,25 @@ class Target:
     @property
     def has_dma_transpose(self) -> bool:  # [v3] "DMA transpose"
         return self.nc_version >= 3
+
+    def check_dma_transpose(self, op: str, arg: str, dtype: str, itemsize: int) -> None:
+        """Refuse a DMA transpose this target cannot run: none before NeuronCore-v3, and
+        only of 2-byte elements. [v3] "DMA transpose"; [isa] dma_transpose.
+
+        Raises:
+            LimitError: ``<op>: <arg> must not be 'dma' ...``, naming the target or dtype.
+        """
+        if not self.has_dma_transpose:
+            raise LimitError(
+                op, arg, f"must not be 'dma' on {self.name} (DMA transpose needs trn2+)", "dma"
+            )
+        if itemsize != 2:
+            raise LimitError(
+                op,
+                arg,
+                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
+                f"dma with {dtype}",
+            )
 
     @property
     def has_double_row(self) -> bool:  # FP8 double_row, v3/v4 [isa] nc_matmul
@@ -147,6 +180,8 @@ TARGETS: dict[str, Target] = {
         nc_version=3,
         sbuf_partition_bytes=224 * 1024,
         sbuf_usable_bytes=212984,
+        lnc_choices=(1, 2),
+        default_lnc=2,
     ),
     "trn3": Target(
         name="trn3",
@@ -155,6 +190,8 @@ TARGETS: dict[str, Target] = {
         sbuf_usable_bytes=245752,
         matmul_moving_fmax_fp32_dst=4096,
         matmul_moving_fmax_bf16_dst=8192,
+        lnc_choices=(1, 2),
+        default_lnc=2,
     ),
 }
 
@@ -197,3 +234,46 @@ def usable_psum_bytes(target: str | Target) -> int:
     """PSUM bytes per partition a kernel may use (its usable banks)."""
     tg = target_from_name(target)
     return usable_psum_banks(tg) * tg.psum_bank_bytes
+
+
+def _torch_neuronx_lnc() -> str | None:
+    """``torch_neuronx.utils.get_logical_neuron_cores()`` (a string: the variable, else the
+    instance family's default [ptu]) when torch-neuronx is installed, else None."""
+    try:
+        from torch_neuronx.utils import get_logical_neuron_cores
+    except ImportError:
+        return None
+    return get_logical_neuron_cores()
+
+
+def launch_lnc(target: str | Target | None = None) -> int:
+    """The LNC a kernel launch uses on ``target``: the one place that decides it.
+
+    ``NEURON_LOGICAL_NC_CONFIG`` when set, else what torch-neuronx reports on a TorchNeuron
+    node, else ``target.default_lnc`` (trn1 1, trn2/trn3 2). [jit] the launch's LNC must match
+    the runtime's.
+
+    Raises:
+        LimitError: naming the variable (or torch-neuronx) and the value when it is not an
+            LNC the target supports.
+    """
+    tg = default_target() if target is None else target_from_name(target)
+    raw, source = os.environ.get(LNC_ENV), LNC_ENV
+    if raw is None or not raw.strip():
+        raw, source = _torch_neuronx_lnc(), "torch_neuronx.utils.get_logical_neuron_cores()"
+    if raw is None:
+        return tg.default_lnc
+    try:
+        lnc = int(str(raw).strip())
+    except ValueError:
+        lnc = None
+    if lnc not in tg.lnc_choices:
+        choices = "|".join(map(str, tg.lnc_choices))
+        raise LimitError(
+            "launch",
+            source,
+            f"must be an LNC {tg.name} supports ({choices})",
+            raw,
+            limit=tg.lnc_choices,
+        )
+    return lnc

@@ -12,7 +12,7 @@ import inspect
 
 import torch
 
-from neuron_kernels.kernels.spec import OpSpec
+from neuron_kernels.kernels.spec import OpSpec, runner_lnc
 from neuron_kernels.torch_ops import neuron_device, routing
 
 __all__ = ["NAMESPACE", "register_op", "op_signature"]
@@ -90,7 +90,7 @@ def register_op(spec: OpSpec):
             return spec.reference(*args, upcast=False)
         if device.type == "cpu" and routing.current_cpu_mode() == "interpret":
             runner = routing.cpu_runner()
-            choice = routing.select_config(spec, args, runner.target)
+            choice = routing.select_config(spec, args, runner.target, runner_lnc(runner))
             return spec.run_kernels(*args, config=choice.config, runner=runner)
         return spec.reference(*args, upcast=False)
 
@@ -121,7 +121,7 @@ def register_op(spec: OpSpec):
         if routing.kernels_disabled():  # the rollback switch holds on the neuron device too
             return spec.reference(*args, upcast=False)
         runner = neuron_device.device_runner()
-        choice = routing.select_config(spec, args, runner.target)
+        choice = routing.select_config(spec, args, runner.target, runner_lnc(runner))
         return spec.run_kernels(*args, config=choice.config, runner=runner)
 
     op.register_kernel(neuron_device.device_key(), neuron_impl)

@@ -12,7 +12,7 @@ import importlib
 
 import torch
 
-from neuron_kernels.hardware import Target, default_target
+from neuron_kernels.hardware import Target, default_target, launch_lnc
 from neuron_kernels.kernels.spec import FunctionRunner
 
 __all__ = [
@@ -49,5 +49,8 @@ def call_jitted(kernel, *args, **kwargs):
 
 
 def device_runner() -> FunctionRunner:
-    """The runner for ``neuron`` tensors: the jitted kernels, planned for this node's target."""
-    return FunctionRunner(call_jitted, device_target())
+    """The runner for ``neuron`` tensors: the jitted kernels, planned for this node's target
+    and launched at its LNC (:func:`~neuron_kernels.hardware.launch_lnc`: the variable, else
+    torch-neuronx's logical core count, else the target's default)."""
+    target = device_target()
+    return FunctionRunner(call_jitted, target, launch_lnc(target))
