@@ -16,6 +16,7 @@ import sys
 from neuron_kernels.autotune import results
 from neuron_kernels.autotune.backends import ModelBackend
 from neuron_kernels.autotune.shapes import points_for
+from neuron_kernels.hardware import launch_lnc
 from neuron_kernels.kernels.spec import get_spec
 
 
@@ -24,19 +25,29 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", action="append", default=[])
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--target", default="trn2")
+    parser.add_argument(
+        "--lnc",
+        type=int,
+        default=None,
+        help="launch LNC (default: NEURON_LOGICAL_NC_CONFIG, else the target's: trn2 2)",
+    )
     args = parser.parse_args(argv)
     spec = get_spec("matmul")
     shapes = [(s, spec.parse_shape(s), args.dtype) for s in args.shape] or [
         (p.shape, p.problem, p.dtype) for p in points_for(spec)
     ]
-    backend = ModelBackend(args.target)
-    print(f"matmul on {args.target}: MODELED latency (cost model), not measured")
+    lnc = args.lnc if args.lnc is not None else launch_lnc(args.target)
+    backend = ModelBackend(args.target, lnc=lnc)
+    print(
+        f"matmul on {args.target} at LNC={lnc}: MODELED latency (cost model), not measured; "
+        f"per logical core of {lnc} physical core(s)"
+    )
     print(
         f"{'shape':<18}{'dtype':<10}{'config':<8}{'latency':>12}{'TensorE floor':>15}"
         f"{'of floor':>10}  binds"
     )
     for shape, problem, dtype in shapes:
-        tuned = results.lookup(spec, problem, dtype, args.target)
+        tuned = results.lookup(spec, problem, dtype, args.target, lnc=lnc)
         rows = [("default", spec.config.default())]
         if tuned.source != "default":
             rows.append((tuned.source, tuned.config))

@@ -15,10 +15,12 @@ import sys
 from neuron_kernels.cli import UsageError
 from neuron_kernels.cli._inputs import (
     DTYPE_ALIASES,
+    LNC_HELP,
     host_memory_bytes,
     output_path,
     read_json_file,
 )
+from neuron_kernels.cli._inputs import lnc as read_lnc
 from neuron_kernels.cli._inputs import target as read_target
 
 __all__ = ["add_arguments", "main", "DTYPE_ALIASES"]
@@ -39,6 +41,7 @@ def add_arguments(parser) -> None:
         default=None,
         help="trn1|trn2|trn3 (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)",
     )
+    parser.add_argument("--lnc", default=None, help=LNC_HELP)
     parser.add_argument(
         "--config", default=None, help="config as a JSON object, or a path to a JSON file"
     )
@@ -132,12 +135,13 @@ def main(args) -> int:
 
     spec, problem, dtype = read_op_and_problem(args)
     target = read_target(args.target)
+    lnc = read_lnc(args.lnc, target)
     config = read_config(spec, args.config)
     overrides = read_overrides(args, target)
     for flag in ("chrome", "png", "json"):
         output_path(f"--{flag}", getattr(args, flag))
     try:
-        spec.check(problem, dtype, config, target)
+        spec.check(problem, dtype, config, target, lnc)
     except LimitError as exc:
         raise UsageError(
             "--config", json.dumps(config.to_dict()), f"{exc} (at --shape {args.shape})"
@@ -151,18 +155,25 @@ def main(args) -> int:
             f"more than half of the {have / 2**30:.1f} GiB available here",
         )
     profiler = Profiler(target=target.name, compute=False, **overrides)
+    profiler.lnc = lnc  # the LNC the op's run_kernels launches at (spec.runner_lnc)
     inputs = spec.make_inputs(problem, dtype, measure_generator())
     spec.run_kernels(*inputs, config=config, runner=profiler)
     report = profiler.report()
     print(
         f"op {spec.name}  shape {args.shape}  dtype {dtype}  target {target.name}  "
-        f"config {json.dumps(config.to_dict())}"
+        f"lnc {lnc}  config {json.dumps(config.to_dict())}"
     )
     print(report.text())
     if args.json:
         doc = report.to_dict()
         doc.update(
-            {"op": spec.name, "shape": args.shape, "dtype": dtype, "config": config.to_dict()}
+            {
+                "op": spec.name,
+                "shape": args.shape,
+                "dtype": dtype,
+                "lnc": lnc,
+                "config": config.to_dict(),
+            }
         )
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2, sort_keys=True)
