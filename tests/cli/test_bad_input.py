@@ -40,7 +40,7 @@ def _files(tmp):
         "bad-kernel-shapes.json": {
             "rows": [
                 {
-                    "kernel": "neuron_kernels.kernels.matmul:forward",
+                    "kernel": "neuron_kernels.kernels.matmul:matmul",
                     "shapes": [[-1, 2]],
                     "measured_ms": 1,
                 }
