@@ -3,8 +3,11 @@
 ``tensor_add[grid](a, b)`` launches ``grid`` instances of the kernel; each asks for its
 index (``nl.program_id(0)``) and the instance count (``nl.num_programs(0)``) and takes every
 ``grid``-th block of 128 rows. Inputs and the output live in ``nl.shared_hbm``, which all
-instances see. On Trn2/Trn3 the grid is the logical NeuronCore count (``kernel[2]`` for
-LNC=2); the interpreter accepts any grid size.
+instances see. The grid is the launch's logical NeuronCore size (LNC): NKI 0.6 launches
+``kernel[1]``, or ``kernel[2]`` where the target has LNC=2 (trn2, trn3), and it must match
+the runtime's ``NEURON_LOGICAL_NC_CONFIG`` (nki/api/nki/__init__.py, ``jit``), so the
+example takes ``--grid`` 1 or 2 on trn2/trn3 and 1 on trn1 (default: the launch LNC of
+``neuron_kernels.hardware.launch_lnc``).
 
 Run it anywhere (the portable interpreter is used when AWS's ``nki`` is not installed)::
 
@@ -22,6 +25,7 @@ import numpy as np
 
 from neuron_kernels.backend import name as backend_name
 from neuron_kernels.backend import nisa, nki, nl
+from neuron_kernels.hardware import default_target, launch_lnc
 
 
 @nki.jit
@@ -75,22 +79,33 @@ def main(argv: list[str] | None = None) -> int:
         "--cols", type=positive_int, default=700, help="default 700 (a remainder tile of 188)"
     )
     parser.add_argument(
-        "--grid", type=positive_int, default=2, help="program instances (default 2, as LNC=2)"
+        "--grid",
+        type=positive_int,
+        default=None,
+        help="program instances: the launch LNC, 1 or 2 on trn2/trn3, 1 on trn1 "
+        "(default: NEURON_LOGICAL_NC_CONFIG, else the target's default)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    target = default_target()
+    grid = launch_lnc(target) if args.grid is None else args.grid
+    if grid not in target.lnc_choices:
+        parser.error(
+            f"argument --grid: must be an LNC {target.name} has "
+            f"({'|'.join(map(str, target.lnc_choices))}), got {grid}"
+        )
 
     rng = np.random.default_rng(args.seed)
     a = rng.standard_normal((args.rows, args.cols), dtype=np.float32)
     b = rng.standard_normal((args.rows, args.cols), dtype=np.float32)
 
-    out = np.asarray(tensor_add[args.grid](a, b))
+    out = np.asarray(tensor_add[grid](a, b))
     expected = a + b  # fp32 add, rounded once: the Vector Engine result is exact to this
 
     ok = out.shape == expected.shape and bool(np.array_equal(out, expected))
     err = float(np.max(np.abs(out - expected))) if out.shape == expected.shape else float("inf")
     print(
-        f"tensor_add[{args.grid}] [{args.rows}x{args.cols}] float32 on {backend_name}: "
+        f"tensor_add[{grid}] [{args.rows}x{args.cols}] float32 on {backend_name}: "
         f"max abs err {err:.3g} (exact match required) -> {'PASS' if ok else 'FAIL'}"
     )
     return 0 if ok else 1
