@@ -58,7 +58,7 @@ from neuron_kernels.kernels.spec import (
     runner_lnc,
     tunable,
 )
-from neuron_kernels.kernels.tiling import core_share, tiled
+from neuron_kernels.kernels.tiling import split_work, tiled
 
 __all__ = [
     "SPEC",
@@ -169,7 +169,8 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     lag_q: int  # pipeline: stage 3 (dQ) runs this many pairs behind the scores
     pe_transpose_keeps_dtype: bool  # PE transposes write the input dtype to PSUM (v3+)
     lnc: int  # physical cores of the launch (kernel[lnc])
-    core_groups: tuple  # per core, its (batch, KV head) groups ((b, kv head), ...)
+    core_groups: tuple  # per core: ((b, kv head, its query passes, split slot or -1), ...)
+    split_groups: int  # groups whose query passes are split over the cores (dK/dV partials)
     sbuf_bytes: int
     psum_banks: int
 
@@ -188,6 +189,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         target.check_dma_transpose(OP, "config transpose", dtype, ITEMSIZE[dtype])
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
+    causal = bool(problem.get("causal", False))
     item = ITEMSIZE[dtype]
     tq = target.pmax
     tk = min(config.tile_k, target.pmax)
@@ -232,7 +234,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         sq=sq,
         sk=sk,
         d=d,
-        causal=bool(problem.get("causal", False)),
+        causal=causal,
         tile_q=tq,
         tile_k=tk,
         q_block=config.q_block,
@@ -247,16 +249,49 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         lag_q=PIPELINE_LAG_Q,
         pe_transpose_keeps_dtype=target.has_transpose_mode,
         lnc=lnc,
-        core_groups=_core_groups(b, hkv, lnc),
+        core_groups=_core_groups(b, hkv, groups, sq, sk, tq, config.q_block, causal, lnc),
+        split_groups=(b * hkv) % lnc if lnc > 1 else 0,
         sbuf_bytes=sbuf,
         psum_banks=banks,
     )
 
 
-def _core_groups(b: int, hkv: int, lnc: int) -> tuple:
-    """Each core's ``(b, kv head)`` groups, all of equal work, in the LNC=1 loop's order."""
-    groups = [(bb, kvh) for bb in range(b) for kvh in range(hkv)]
-    return tuple(tuple(core_share(groups, [1] * len(groups), c, lnc)) for c in range(lnc))
+def _query_passes(groups, sq, sk, tq, q_block, causal):
+    """A KV group's query passes ``(head within the group, first tile, tiles)`` in the
+    kernel's order, and each one's cost: the keys its query rows see (all of Sk, or up to
+    the causal diagonal, aligned bottom-right) plus one tile of fixed work per query tile."""
+    passes, costs = [], []
+    tiles = tiled(sq, tq)
+    for g in range(groups):
+        for p0, n_pass in tiled(len(tiles), q_block):
+            cost = 0
+            for q0, n_q in tiles[p0 : p0 + n_pass]:
+                k_end = min(sk, q0 + n_q + sk - sq) if causal else sk
+                cost += max(0, k_end) + tq
+            passes.append((g, p0, n_pass))
+            costs.append(cost)
+    return passes, costs
+
+
+def _core_groups(b, hkv, groups, sq, sk, tq, q_block, causal, lnc) -> tuple:
+    """Each core's ``(b, kv head, query passes, split slot)``: whole (batch, KV head)
+    groups round robin while every core gets one (slot -1: the core writes the group's dK
+    and dV); the groups left over (fewer than the cores) split by their query passes,
+    balancing the keys seen, each core summing dK/dV over its own passes into partial slot
+    ``slot`` (the op adds the cores' partials in core order). At LNC=1 every group is whole,
+    with all its passes in the LNC=1 order."""
+    all_groups = [(bb, kvh) for bb in range(b) for kvh in range(hkv)]
+    passes, costs = _query_passes(groups, sq, sk, tq, q_block, causal)
+    whole = len(all_groups) - len(all_groups) % lnc
+    shares = [[] for _ in range(lnc)]
+    for i in range(whole):
+        bb, kvh = all_groups[i]
+        shares[i % lnc].append((bb, kvh, tuple(passes), -1))
+    for slot, (bb, kvh) in enumerate(all_groups[whole:]):
+        split = split_work(costs, lnc)
+        for c in range(lnc):
+            shares[c].append((bb, kvh, tuple(passes[i] for i in split[c]), slot))
+    return tuple(tuple(share) for share in shares)
 
 
 # -- the NKI kernel ----------------------------------------------------------------------
@@ -617,7 +652,10 @@ def flash_attention_bwd(dout, q, k, v, out, lse, scale, plan):
     in-order queue has independent work while the previous pair's results travel.
     Launched as ``flash_attention_bwd[plan.lnc]``: each physical core takes its
     (batch, KV head) groups ``plan.core_groups[nl.program_id(0)]`` and writes only their
-    dq, dk and dv.
+    dq, dk and dv. A group split over the cores by query passes (fewer groups than cores)
+    has each core write its dq rows and its fp32 dK/dV partial sums (scaled) to its own
+    slot of the extra outputs ``dk_part, dv_part [lnc, split groups, Sk, D]``, returned
+    after dq, dk and dv; the op adds the slots in core order.
     """
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -633,15 +671,25 @@ def flash_attention_bwd(dout, q, k, v, out, lse, scale, plan):
     dq = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="dq")
     dk = nl.ndarray((B, Hkv, Sk, D), dtype=k.dtype, buffer=nl.shared_hbm, name="dk")
     dv = nl.ndarray((B, Hkv, Sk, D), dtype=v.dtype, buffer=nl.shared_hbm, name="dv")
+    core = nl.program_id(0)
+    parts = (plan.lnc, plan.split_groups, Sk, D)
+    if plan.split_groups:
+        dk_part = nl.ndarray(parts, dtype=nl.float32, buffer=nl.shared_hbm, name="dk_part")
+        dv_part = nl.ndarray(parts, dtype=nl.float32, buffer=nl.shared_hbm, name="dv_part")
 
     tq, tk = plan.tile_q, plan.tile_k
-    n_qt, n_kt = (Sq + tq - 1) // tq, (Sk + tk - 1) // tk
+    n_kt = (Sk + tk - 1) // tk
     kv_outer = plan.loop_order == "kv_outer"
     # PE transposes keep the input dtype in PSUM from NeuronCore-v3 (bit-accurate mode);
     # NeuronCore-v2 transposes through an fp32 matmul.
     psum_dtype = q.dtype if plan.pe_transpose_keeps_dtype else nl.float32
 
-    for b, hk in plan.core_groups[nl.program_id(0)]:
+    for b, hk, group_passes, slot in plan.core_groups[core]:
+        if len(group_passes) == 0:  # a split group none of whose passes is this core's
+            for k0, n_k in tiled(Sk, tk):
+                _store_scaled(dk_part[core, slot, k0 : k0 + n_k, :], None, n_k, scale, D)
+                _store_scaled(dv_part[core, slot, k0 : k0 + n_k, :], None, n_k, 1.0, D)
+            continue
         # dK and dV of this KV head, summed over its query heads and query tiles (fp32).
         acc = {
             "dk": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dk_acc"),
@@ -656,11 +704,11 @@ def flash_attention_bwd(dout, q, k, v, out, lse, scale, plan):
             for j in range(n_kt):
                 if plan.transpose != "dma":
                     _transpose_kv(kv_all[j], plan, psum_dtype)
-        # The query passes of this KV head: each query head's tiles, q_block at a time.
+        # This core's query passes of this KV head (all of them unless the group is split):
+        # each query head's tiles, q_block at a time.
         passes = []
-        for g in range(plan.groups):
-            for p0, n_pass in tiled(n_qt, plan.q_block):
-                passes.append((hk * plan.groups + g, p0, n_pass))
+        for g, p0, n_pass in group_passes:
+            passes.append((hk * plan.groups + g, p0, n_pass))
         pass_pairs = [_pass_pairs(ps[1], ps[2], n_kt, plan) for ps in passes]
         kb = plan.kv_block
         qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan)
@@ -754,8 +802,15 @@ def flash_attention_bwd(dout, q, k, v, out, lse, scale, plan):
             started = acc["kv_started"][j]
             dk_src = acc["dk"][0:n_k, j, :] if started else None
             dv_src = acc["dv"][0:n_k, j, :] if started else None
-            _store_scaled(dk[b, hk, k0 : k0 + n_k, :], dk_src, n_k, scale, D)
-            _store_scaled(dv[b, hk, k0 : k0 + n_k, :], dv_src, n_k, 1.0, D)
+            if slot < 0:
+                dk_dst, dv_dst = dk[b, hk, k0 : k0 + n_k, :], dv[b, hk, k0 : k0 + n_k, :]
+            else:  # this core's fp32 partial sums of a split group
+                dk_dst = dk_part[core, slot, k0 : k0 + n_k, :]
+                dv_dst = dv_part[core, slot, k0 : k0 + n_k, :]
+            _store_scaled(dk_dst, dk_src, n_k, scale, D)
+            _store_scaled(dv_dst, dv_src, n_k, 1.0, D)
+    if plan.split_groups:
+        return dq, dk, dv, dk_part, dv_part
     return dq, dk, dv
 
 
@@ -859,7 +914,7 @@ def run_kernels(
         runner_lnc(runner),
     )
     scale = resolve_scale(softmax_scale, q.shape[3])
-    dq, dk, dv = runner(
+    outs = runner(
         flash_attention_bwd[tiles.lnc],
         dout.contiguous(),
         q.contiguous(),
@@ -870,6 +925,17 @@ def run_kernels(
         scale,
         tiles,
     )
+    dq, dk, dv = outs[:3]
+    if tiles.split_groups:  # groups split over the cores: their fp32 dK/dV partials, added
+        # in core order and rounded once (deterministic: the same order every run)
+        dk_part, dv_part = outs[3], outs[4]
+        split = [(b, kvh) for b, kvh, _, slot in tiles.core_groups[0] if slot >= 0]
+        for slot, (b, kvh) in enumerate(split):
+            dk_sum, dv_sum = dk_part[0, slot], dv_part[0, slot]
+            for c in range(1, tiles.lnc):
+                dk_sum, dv_sum = dk_sum + dk_part[c, slot], dv_sum + dv_part[c, slot]
+            dk[b, kvh] = dk_sum.to(dk.dtype)
+            dv[b, kvh] = dv_sum.to(dv.dtype)
     return dq, dk, dv
 
 

@@ -21,7 +21,14 @@ import pytest
 import torch
 
 from neuron_kernels.errors import LimitError
-from neuron_kernels.kernels import REGISTRY, adamw, flash_attention, matmul, rms_norm_bwd
+from neuron_kernels.kernels import (
+    REGISTRY,
+    adamw,
+    flash_attention,
+    flash_attention_bwd,
+    matmul,
+    rms_norm_bwd,
+)
 from neuron_kernels.kernels.tiling import core_share, split_work, tiled
 from neuron_kernels.testing import assert_within_tolerance, copy_args, run_kernel
 
@@ -95,8 +102,9 @@ def _outputs(spec, args, lnc):
 @pytest.mark.parametrize("name", OPS)
 def test_lnc2_gives_the_lnc1_bits(name, dtype):
     """Every output element is computed on one core by the LNC=1 instruction sequence, so
-    LNC=2 is bitwise LNC=1 (and so bitwise deterministic); dw of the RMSNorm backward is
-    the one cross-core sum (see the next test)."""
+    LNC=2 is bitwise LNC=1 (and so bitwise deterministic); dw of the RMSNorm backward, and
+    dK/dV of an attention group split over the cores, are the cross-core sums (see the
+    next tests)."""
     spec = REGISTRY[name]
     if dtype not in spec.dtypes:
         pytest.skip(f"{name} has no {dtype}")
@@ -104,6 +112,8 @@ def test_lnc2_gives_the_lnc1_bits(name, dtype):
     one, two = _outputs(spec, args, 1), _outputs(spec, args, 2)
     if name == "rms_norm_bwd":
         one, two = one[:1], two[:1]  # dx only
+    if name == "flash_attention_bwd":  # the probe's one KV group splits: dK/dV are sums
+        one, two = one[:1], two[:1]  # dq only
     assert len(one) == len(two)
     for a, b in zip(one, two):
         assert torch.equal(a, b), f"{name} {dtype}: LNC=2 differs from LNC=1"
@@ -126,6 +136,27 @@ def test_rms_norm_bwd_dw_is_the_core_partials_added_in_core_order():
         partials.append(run_kernel(spec, part, target="trn2", lnc=1)[1])
     _, dw = run_kernel(spec, (dy, x, w, rstd, offset, mode), target="trn2", lnc=2)
     assert torch.equal(dw, partials[0] + partials[1])
+
+
+def test_split_attention_group_dk_dv_are_the_core_partials_added_in_core_order():
+    """One KV group with two query heads at LNC=2: each core runs one head's passes and
+    writes its fp32 dK/dV partial; the op adds them in core order, so dK and dV are bitwise
+    the sums of the one-head LNC=1 runs (fp32: those runs' outputs are the partials)."""
+    spec = flash_attention_bwd.SPEC
+    problem = dict(spec.test_problems["probe"])
+    args = spec.make_inputs(problem, "float32", torch.Generator().manual_seed(6))
+    plan = spec.check(problem, "float32", spec.config.default(), "trn2", lnc=2)
+    assert plan.split_groups == 1
+    heads = [[g for _, _, passes, _ in core for g, _, _ in passes] for core in plan.core_groups]
+    assert heads == [[0], [1]]
+    dout, q, k, v, out, lse, causal, scale = args
+    part = []
+    for h in range(2):
+        one_head = (dout[:, h : h + 1], q[:, h : h + 1], k, v, out[:, h : h + 1])
+        part.append(run_kernel(spec, (*one_head, lse[:, h : h + 1], causal, scale), lnc=1))
+    dq, dk, dv = run_kernel(spec, args, target="trn2", lnc=2)
+    assert torch.equal(dk, part[0][1] + part[1][1]) and torch.equal(dv, part[0][2] + part[1][2])
+    assert torch.equal(dq, torch.cat([part[0][0], part[1][0]], dim=1))
 
 
 def _unsplit(module, spec, field, monkeypatch):
