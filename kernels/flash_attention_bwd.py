@@ -516,9 +516,7 @@ def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
         "q_src": [],
         "do_src": [],
     }
-    for t in range(n_tiles):
-        q0 = (p0 + t) * tq
-        n_q = min(tq, plan.sq - q0)
+    for t, (q0, n_q) in enumerate(tiled(plan.sq, tq)[p0 : p0 + n_tiles]):
         if _visibility(q0, n_q, 0, plan.sk, plan) == "none":
             continue
         qs["live"].append((t, n_q))
@@ -596,7 +594,8 @@ def _transpose_kv(kv, plan, psum_dtype):
 def _load_kv_block(k, v, b, hk, jb, kv_tiles, n_kt, plan, psum_dtype, phases):
     """Load the key tiles of block ``jb`` into ``kv_tiles``: ``phases`` 1 = rows (DMA),
     2 = transposes, 3 = both."""
-    for j in range(jb * plan.kv_block, min((jb + 1) * plan.kv_block, n_kt)):
+    j0, n_j = tiled(n_kt, plan.kv_block)[jb]
+    for j in range(j0, j0 + n_j):
         if phases != 2:
             kv_tiles[j] = _load_kv_rows(k, v, b, hk, j, plan)
         if phases != 1 and plan.transpose != "dma":
@@ -790,9 +789,7 @@ def flash_attention_bwd(dout, q, k, v, out, lse, scale, plan):
                 _query_pass_prepare(qs_next, plan, psum_dtype)
                 if next_block >= 0:
                     _load_kv_block(k, v, b, hk, next_block, kv_next, n_kt, plan, psum_dtype, 3)
-            for t in range(n_tiles):
-                q0 = (p0 + t) * tq
-                n_q = min(tq, Sq - q0)
+            for t, (q0, n_q) in enumerate(tiled(Sq, tq)[p0 : p0 + n_tiles]):
                 if not acc["q_started"][t]:
                     _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
                 elif kv_outer:
