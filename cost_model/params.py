@@ -14,6 +14,12 @@ aws-neuron/aws-neuron-sdk:
 * [dma-intro] nki/get-started/about/nki-dma-overview.rst
 * [mem] nki/get-started/about/memory-hierarchy-overview.rst
 * [mm-tut-old] nki/tutorials/matrix_multiplication.rst at 1db4d74e (the measured table)
+* [lnc] about-neuron/arch/neuron-features/logical-neuroncore-config.rst: "Trainium2 devices
+  contain four 24GB HBM banks. Each bank is shared by two physical NeuronCore-v3"; LNC=2
+  makes those two one logical core
+* [isa-lnc] nki/api/nki/isa/__init__.py core_barrier ("semaphore-based protocol where each
+  NeuronCore writes a semaphore to each other core ... and then waits") and sendrecv ("using
+  DMA engines")
 
 "[D]" marks arithmetic on cited numbers, "[U]" a value no source states.
 Confidence: "high" (stated by AWS and checked against a measurement), "medium" (stated, or
@@ -245,6 +251,14 @@ _COMMON: dict[str, Param] = {
     "sync_ns": _p(
         64.0, "ns", "[U] cross-engine semaphore latency, unpublished ([arch-v2]; [dma-bw])", "low"
     ),
+    "core_barrier_ns": _p(
+        1300.0,
+        "ns",
+        "[U] nisa.core_barrier: a remote semaphore write to the other core, then a local "
+        "wait ([isa-lnc]); no published latency, estimated as one DMA semaphore-to-start "
+        "latency (dma_latency_ns, [dma-bw]), added after the later core arrives",
+        "low",
+    ),
     "launch_ns": _p(
         0.0,
         "ns",
@@ -304,6 +318,12 @@ _TRN1: dict[str, Param] = {
         "Taken from the A1 rows, so A1 checks the model's structure, not this value",
         "low",
     ),
+    "hbm_stack_gbps": _p(
+        104.0,
+        "GB/s",
+        "n/a: Trn1 has no LNC=2 ([lnc]); equal to dma_core_gbps",
+        "low",
+    ),
     "default_dge": _p(
         "static",
         "mode",
@@ -340,6 +360,14 @@ _TRN2: dict[str, Param] = {
         "[dma-bw]; [arch-v3]; [arch-v2]: one HBM stack (~725 GB/s) serves the core "
         "when its sibling is idle (the profiler's MBU denominator); the 16 engines "
         "(435 GB/s) bind first",
+        "medium",
+    ),
+    "hbm_stack_gbps": _p(
+        725.0,
+        "GB/s",
+        "[D] [lnc]; [arch-v3]: 2.9 TB/s of HBM in four stacks, each shared by two physical "
+        "cores = 725 GB/s per stack; at LNC=2 both cores of the logical core share it (the "
+        "profiler's MBU denominator for LNC 1 and 2, trainium-performance-model.md 1.6)",
         "medium",
     ),
     "default_dge": _p(
@@ -380,6 +408,12 @@ _TRN3: dict[str, Param] = {
     ),
     "dma_core_gbps": _p(
         612.0, "GB/s", "[D] [dma-bw]; [dma-intro]; [arch-v2]: 4.9 TB/s HBM / 8 cores", "low"
+    ),
+    "hbm_stack_gbps": _p(
+        1225.0,
+        "GB/s",
+        "[D] [arch-v4]: 4.9 TB/s over four stacks, assuming Trn2's two cores per stack [U]",
+        "low",
     ),
     "default_dge": _p("swdge", "mode", "as NC-v3 [U]", "low"),
 }

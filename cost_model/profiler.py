@@ -15,7 +15,6 @@ Every number here is *modeled* (interpreter trace + cost model); none is a measu
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,13 +47,26 @@ class LaunchProfile:
 
 @dataclass
 class Profile:
-    """A modeled profile of one or more launches (run back to back on one NeuronCore)."""
+    """A modeled profile of one or more launches (run back to back on one logical NeuronCore).
+
+    Every rate, peak, floor and utilization is per *logical* core at the launches' LNC: at
+    LNC=2 its two physical cores' engines and peaks add up, and they share one HBM stack."""
 
     target: str
     params: CostParams
     launches: list[LaunchProfile] = field(default_factory=list)
 
     # -- aggregate numbers (all modeled) -------------------------------------------------
+    @property
+    def lnc(self) -> int:
+        """Physical cores of the logical core the launches were scheduled on (their LNC)."""
+        return max((lp.timeline.cores for lp in self.launches), default=1)
+
+    @property
+    def unit(self) -> str:
+        """What every figure is per: ``"per logical core, LNC=2"``."""
+        return f"per logical core, LNC={self.lnc}"
+
     @property
     def latency_ns(self) -> float:
         return sum(lp.timeline.latency_ns for lp in self.launches)
@@ -67,10 +79,12 @@ class Profile:
 
     def utilization(self) -> dict[str, float]:
         lat = self.latency_ns or 1.0
+        cores = self.lnc
         busy = self.busy_ns()
-        util = {u: busy.get(u, 0.0) / lat for u in ENGINE_LANES}
+        # busy time sums the cores' engines: divide by the logical core's engine time
+        util = {u: busy.get(u, 0.0) / lat / cores for u in ENGINE_LANES}
         dma_busy = sum(sum(lp.timeline.dma_engine_busy_ns) for lp in self.launches)
-        util["dma"] = dma_busy / (lat * max(1, int(self.params.dma_engines)))
+        util["dma"] = dma_busy / (lat * max(1, int(self.params.dma_engines)) * cores)
         util["dma_active"] = sum(lp.timeline.dma_active_ns for lp in self.launches) / lat
         return util
 
@@ -82,8 +96,9 @@ class Profile:
 
     @property
     def peak_flops_per_s(self) -> float:
-        """BF16 TensorE peak of one core: 2 x 128 x 128 x clock (the profiler's HFU denominator)."""
-        return 2.0 * 128 * 128 * float(self.params.pe_ghz) * 1e9
+        """BF16 TensorE peak of the logical core: LNC x 2 x 128 x 128 x clock (the profiler's
+        HFU denominator)."""
+        return self.lnc * 2.0 * 128 * 128 * float(self.params.pe_ghz) * 1e9
 
     def tensor_utilization(self) -> dict[str, float]:
         """HFU (raw matmul FLOPs vs BF16 peak) and the BF16-equivalent utilization (FP32 x4)."""
@@ -105,12 +120,16 @@ class Profile:
         return (b["read"] + b["write"]) / self.latency_ns if self.latency_ns else 0.0
 
     def floors_ns(self) -> dict[str, float]:
-        """Lower bounds on the latency: TensorE at peak, and DMA at the core's full rate."""
+        """Lower bounds on the latency of the logical core: TensorE at its peak, and DMA at its
+        full rate (LNC=1: one core's engines or its share of the stack; LNC=2: both cores'
+        engines, bounded by the one HBM stack they share)."""
         f = self.flops()
         b = self.hbm_bytes()
+        cores = self.lnc
+        stack = self.params.dma_core_gbps if cores == 1 else self.params.hbm_stack_gbps
         rate = min(
-            float(self.params.dma_core_gbps),
-            float(self.params.dma_engine_gbps) * self.params.dma_engines,
+            float(stack),
+            float(self.params.dma_engine_gbps) * self.params.dma_engines * cores,
         )
         return {
             "tensor": f.get("bf16_equivalent", 0.0) / self.peak_flops_per_s * 1e9,
@@ -155,6 +174,8 @@ class Profile:
             "label": MODELED,
             "note": "modeled by the neuron-kernels cost model from the interpreter trace; not measured",
             "target": self.target,
+            "lnc": self.lnc,
+            "unit": self.unit,
             "cost_model": {
                 "version": MODEL_VERSION,
                 "params_fingerprint": self.params.fingerprint(),
@@ -208,26 +229,21 @@ class Profile:
             f"MODELED profile ({', '.join(d['kernels'])} on {self.target}): cost model v{MODEL_VERSION}, "
             f"params {d['cost_model']['params_fingerprint']}",
             "All numbers are modeled from the interpreter trace; none is a hardware measurement.",
-            *(
-                [
-                    f"modeled as {n} SPMD program instances back to back on one NeuronCore "
-                    "(an LNC=2 split over two cores is not modeled)."
-                ]
-                if (
-                    n := max(
-                        (math.prod(lp.run.grid) for lp in self.launches if lp.run.grid), default=1
-                    )
-                )
-                > 1
-                else []
+            f"Figures are {self.unit}"
+            + (
+                " (two physical cores, each its own engines, SBUF, PSUM and 16 DMA engines, "
+                "sharing one HBM stack)."
+                if self.lnc > 1
+                else " (one physical core)."
             ),
             "",
             f"  modeled latency                 {_ms(lat)}",
             f"  modeled critical engine         {UNIT_LABEL.get(d['critical_engine'], d['critical_engine'])}",
-            f"  modeled floors                  TensorE {_ms(d['floors_ns']['tensor'])}, "
+            f"  modeled floors ({self.unit}) TensorE {_ms(d['floors_ns']['tensor'])}, "
             f"DMA {_ms(d['floors_ns']['dma'])}",
             "",
-            f"  {'engine':<16}{'modeled busy':>16}{'modeled util':>14}{'instructions':>14}",
+            f"  {'engine':<16}{'modeled busy':>16}{'modeled util':>14}{'instructions':>14}"
+            + (f"   (busy summed over the {self.lnc} cores)" if self.lnc > 1 else ""),
         ]
         by_engine = d["instructions"]["by_engine"]
         for u in ENGINE_LANES:
@@ -236,11 +252,11 @@ class Profile:
             if busy == 0 and count == 0:
                 continue
             lines.append(
-                f"  {UNIT_LABEL[u]:<16}{_ms(busy):>16}{_pct(busy / lat if lat else 0):>14}{count:>14,}"
+                f"  {UNIT_LABEL[u]:<16}{_ms(busy):>16}{_pct(d['utilization'][u]):>14}{count:>14,}"
             )
         util = d["utilization"]
         lines.append(
-            f"  {'DMA (16 engines)':<16}{_ms(max(d['dma_engine_busy_ns'], default=0.0)):>16}"
+            f"  {'DMA (16 engines)' if self.lnc == 1 else f'DMA ({self.lnc}x16 eng.)':<16}{_ms(max(d['dma_engine_busy_ns'], default=0.0)):>16}"
             f"{_pct(util['dma']):>14}{by_engine.get('dma', 0):>14,}"
         )
         lines.append(
@@ -264,11 +280,13 @@ class Profile:
             f"  modeled HBM traffic             {(hb['read'] + hb['write']) / 1e6:,.1f} MB "
             f"(read {hb['read'] / 1e6:,.1f}, write {hb['write'] / 1e6:,.1f}) at {d['hbm_gbps']:.1f} GB/s",
             f"  modeled SBUF peak               {mem['sbuf_bytes_per_partition']:,} B/partition of "
-            f"{mem['sbuf_capacity_bytes_per_partition']:,} (the kernel's live tiles)",
+            f"{mem['sbuf_capacity_bytes_per_partition']:,} (the kernel's live tiles"
+            + (", per physical core)" if self.lnc > 1 else ")"),
             f"  modeled SBUF in flight          {mem['sbuf_in_flight_bytes_per_partition']:,} "
             f"B/partition at the schedule's peak ({_sbuf_note(mem)})",
             f"  modeled PSUM peak               {mem['psum_bytes_per_partition']:,} B/partition, "
-            f"{mem['psum_banks']} of {mem['psum_capacity_banks']} banks",
+            f"{mem['psum_banks']} of {mem['psum_capacity_banks']} banks"
+            + (" (per physical core)" if self.lnc > 1 else ""),
         ]
         if mem["alloc_fallbacks"]:
             lines.append(
@@ -373,13 +391,15 @@ def profile(
 
 
 def _sbuf_in_flight_peak(trace, timeline) -> int:
-    """Peak SBUF bytes per partition the modeled schedule holds at once: each tile from the
+    """Peak SBUF bytes per partition the modeled schedule holds at once on one physical core
+    (the largest over an LNC=2 launch's cores, each with its own SBUF): each tile from the
     start of its first access to the end of its last. Under ``sbuf_allocator=unbounded``
     loads may run ahead of their use, so this can exceed capacity (the compiler's
     multi-buffering and spilling is assumed to make room); under ``lru`` it cannot."""
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     size: dict[int, int] = {}
+    core_of: dict[int, int] = {}
     for ins in trace.instructions:
         for a in (*ins.reads, *ins.writes):
             if a.buffer != "sbuf":
@@ -389,14 +409,18 @@ def _sbuf_in_flight_peak(trace, timeline) -> int:
             first[u] = min(first.get(u, s), s)
             last[u] = max(last.get(u, e), e)
             size[u] = max(size.get(u, 0), a.byte_hi)
-    events = sorted(
-        [(first[u], size[u]) for u in first] + [(last[u], -size[u]) for u in first],
-        key=lambda ev: (ev[0], ev[1]),  # a tile freed at t makes room before one taken at t
-    )
-    live = peak = 0
-    for _, delta in events:
-        live += delta
-        peak = max(peak, live)
+            core_of[u] = ins.core
+    peak = 0
+    for core in set(core_of.values()) or {0}:
+        mine = [u for u in first if core_of[u] == core]
+        events = sorted(
+            [(first[u], size[u]) for u in mine] + [(last[u], -size[u]) for u in mine],
+            key=lambda ev: (ev[0], ev[1]),  # a tile freed at t makes room before one taken at t
+        )
+        live = 0
+        for _, delta in events:
+            live += delta
+            peak = max(peak, live)
     return peak
 
 

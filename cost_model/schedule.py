@@ -24,8 +24,11 @@ architecture guides describe (sources cited by key as in :mod:`neuron_kernels.co
   (``dma_core_gbps``). Loads and stores use separate queues.
 * Dependencies on HBM use the tile's row structure, so side-by-side tiles of one matrix do
   not order each other; other HBM accesses use their byte bounding box (conservative).
-* Scope: one NeuronCore. SPMD program instances run back to back on it in trace order (an
-  LNC=2 launch is not split over two cores); the kernel launch overhead is ``launch_ns``.
+* Scope: one logical NeuronCore. At LNC=1 one physical core. An LNC=2 trace (instructions
+  of cores 0 and 1) runs on two physical cores, each with its own engines, SBUF, PSUM, DMA
+  engines and dependency table, sharing the one HBM stack's channel (``dma_core_gbps``,
+  logical-neuroncore-config.rst); ``nisa.core_barrier`` and ``nisa.sendrecv`` synchronise
+  them (``core_barrier_ns``; sendrecv as DMA transfers). The launch overhead is ``launch_ns``.
 
 Every time this module produces is *modeled*.
 """
@@ -94,6 +97,8 @@ COST_RULES = {
         "one pass",
     ),
     **dict.fromkeys(("register_load", "register_store"), "sync engine: one minimal instruction"),
+    "core_barrier": "both cores wait for the later, then core_barrier_ns (LNC=2)",
+    "sendrecv": "after both arrive: DMA latency + per-engine transfers, SBUF to SBUF (LNC=2)",
 }
 
 # The one list of modeled lanes: compute engines and the DGE queues they drive, then DMA.
@@ -264,6 +269,9 @@ class ModeledTimeline:
     alloc_fallbacks: int = 0  # buffers the "lru" allocator could not place (modeled as unbounded)
     # instruction index -> (trigger lane, start, end) of each DMA's trigger on its engine
     dma_trigger: dict[int, tuple[str, float, float]] = field(default_factory=dict)
+    # physical cores scheduled (the launch's LNC); busy_ns sums them, dma_engine_busy_ns
+    # lists 16 engines per core
+    cores: int = 1
 
 
 # -- per-instruction costs ---------------------------------------------------------------
@@ -774,10 +782,33 @@ def _dma_queue(ins: Instruction, p: CostParams, target: Target) -> tuple[str, st
     return f"{kind}:{direction}", kind
 
 
+class _Core:
+    """One physical core's resources: its engines, DGE queues, 16 DMA engines, dependency
+    table and in-order issue state. An LNC=2 launch has two; they share the HBM stack."""
+
+    def __init__(self, n_dma: int) -> None:
+        self.tl = {u: Timeline() for u in ("pe", "dve", "act", "pool", "sp", "dge_sp", "dge_act")}
+        self.dma = _DmaEngines(n_dma)
+        self.deps = _Deps()
+        self.issue_ready: dict[str, float] = defaultdict(float)  # in-order: next issue per unit
+        self.last_on_unit: dict[str, int] = {}
+        self.queue_trigger: dict[str, float] = defaultdict(float)
+        self.queue_last: dict[str, int] = {}
+        self.queue_engine_end: dict[str, list[float]] = {}
+        self.act_state: dict = {}
+        self.remaining: dict[str, int] = defaultdict(int)
+
+
 def model_trace(
     trace: Trace, target=None, params: CostParams | None = None, **overrides
 ) -> ModeledTimeline:
     """Schedule ``trace`` on ``target`` and return the modeled timeline.
+
+    An LNC=2 trace (instructions of cores 0 and 1, ``Instruction.core``) is scheduled on two
+    physical cores, each with its own engines, SBUF, PSUM and DMA engines, sharing one HBM
+    stack's bandwidth (``dma_core_gbps``); ``nisa.core_barrier`` releases both cores when the
+    later arrives (plus ``core_barrier_ns``) and ``nisa.sendrecv`` moves each core's tile over
+    its DMA engines once both arrived. The latency is the logical core's: until both finish.
 
     Args:
         trace: the interpreter's trace (``Run.trace``).
@@ -790,35 +821,39 @@ def model_trace(
     instrs = trace.instructions
     n = len(instrs)
     sync = float(p.sync_ns)
-    reuse, fallbacks = _emulate_allocation(
-        trace, tgt, {"sbuf": str(p.sbuf_allocator), "psum": str(p.psum_allocator)}
-    )
+    core_ids = sorted({ins.core for ins in instrs}) or [0]
+    policies = {"sbuf": str(p.sbuf_allocator), "psum": str(p.psum_allocator)}
+    if len(core_ids) == 1:
+        reuse, fallbacks = _emulate_allocation(trace, tgt, policies)
+    else:  # each core allocates in its own SBUF and PSUM
+        reuse, fallbacks = {}, 0
+        for c in core_ids:
+            sub = Trace(trace.target, [ins for ins in instrs if ins.core == c])
+            r, f = _emulate_allocation(sub, tgt, policies)
+            reuse.update(r)
+            fallbacks += f
 
+    n_dma = int(p.dma_engines)
+    cores = {c: _Core(n_dma) for c in core_ids}
     # Pre-pass: units, queues and remaining work per in-order stream (for pruning).
     units: list[str] = []
     queues: dict[int, str] = {}
-    remaining: dict[str, int] = defaultdict(int)
     for idx, ins in enumerate(instrs):
+        remaining = cores[ins.core].remaining
         if ins.engine == "dma":
+            units.append("dma")
+            if ins.attrs.get("sendrecv"):
+                continue
             q, kind = _dma_queue(ins, p, tgt)
             queues[idx] = (q, kind)
-            units.append("dma")
             remaining["q:" + q] += 1
         else:
             u = COMPUTE_UNITS.get(ins.engine, "sp")
             units.append(u)
             remaining[u] += 1
 
-    tl = {u: Timeline() for u in ("pe", "dve", "act", "pool", "sp", "dge_sp", "dge_act")}
-    dma = _DmaEngines(int(p.dma_engines))
-    channel = Timeline()
-    deps = _Deps()
+    channel = Timeline()  # the HBM stack: shared by the cores of a logical core
     storage_end: dict[int, float] = {}
-    issue_ready: dict[str, float] = defaultdict(float)  # in-order: next issue time per unit
-    last_on_unit: dict[str, int] = {}
-    queue_trigger: dict[str, float] = defaultdict(float)
-    queue_last: dict[str, int] = {}
-    queue_engine_end: dict[str, list[float]] = {}
 
     start = [0.0] * n
     end = [0.0] * n
@@ -827,18 +862,21 @@ def model_trace(
     dma_bytes: dict[int, int] = {}
     hbm = {"read": 0, "write": 0}
     flops = {"matmul": 0.0, "bf16_equivalent": 0.0, "transpose": 0.0}
-    act_state: dict = {}
     dma_spans: list[tuple[float, float]] = []
     dma_trigger: dict[int, tuple[str, float, float]] = {}
     bw_eng = float(p.dma_engine_gbps)  # GB/s = bytes/ns
-    bw_core = float(p.dma_core_gbps)
+    # One core alone gets dma_core_gbps of its stack; the two cores of an LNC=2 logical core
+    # share the whole stack (hbm_stack_gbps) through one channel.
+    bw_core = float(p.dma_core_gbps) if len(cores) == 1 else float(p.hbm_stack_gbps)
     desc = float(p.dma_descriptor_bytes)
     t_xfer = float(p.dma_transfer_ns)
-    n_dma = int(p.dma_engines)
     prune_every = 8192
+    pending: dict[int, tuple[int, float, int]] = {}  # core -> (index, arrival, producer)
 
     for idx, ins in enumerate(instrs):
         unit = units[idx]
+        core = cores[ins.core]
+        deps, tl, dma = core.deps, core.tl, core.dma
         ready, who = deps.ready(ins, unit, same_unit_ok=(unit == "pe"), sync=sync)
         for d in ins.depends_on:
             if 0 <= d < idx and end[d] + sync > ready:
@@ -848,6 +886,17 @@ def model_trace(
             if e > ready:
                 ready, who = e, -2
 
+        if ins.attrs.get("lnc_sync"):
+            # core_barrier / sendrecv: wait here until every core arrived at its match.
+            arrival = max(ready, core.issue_ready[unit]) if unit != "dma" else ready
+            pending[ins.core] = (idx, arrival, who)
+            if len(pending) == len(cores):
+                _complete_sync(
+                    pending, instrs, units, cores, p, start, end, occ, pred, dma_spans, storage_end
+                )
+                pending.clear()
+            continue
+
         if unit != "dma":
             if unit == "pe":
                 ii, lat, raw, equiv = _tensor_cost(ins, p)
@@ -856,14 +905,14 @@ def model_trace(
                 if not is_t:
                     flops["bf16_equivalent"] += equiv
             else:
-                ii, lat = compute_cost(ins, p, act_state)
-            t_in = issue_ready[unit]
+                ii, lat = compute_cost(ins, p, core.act_state)
+            t_in = core.issue_ready[unit]
             s = tl[unit].place(max(ready, t_in), ii)
             start[idx], end[idx], occ[idx] = s, s + lat, ii
-            issue_ready[unit] = s + ii
-            pred[idx] = who if (ready >= t_in and who != -2) else last_on_unit.get(unit, -1)
-            last_on_unit[unit] = idx
-            remaining[unit] -= 1
+            core.issue_ready[unit] = s + ii
+            pred[idx] = who if (ready >= t_in and who != -2) else core.last_on_unit.get(unit, -1)
+            core.last_on_unit[unit] = idx
+            core.remaining[unit] -= 1
         else:
             q, kind = queues[idx]
             pieces, total, direction = _dma_pieces(ins, n_dma)
@@ -874,7 +923,7 @@ def model_trace(
                 hbm["read"] += total
                 hbm["write"] += total
             # Trigger: in order on its queue, on the trigger resource.
-            t_q = queue_trigger[q]
+            t_q = core.queue_trigger[q]
             t_ready = max(ready, t_q)
             if kind == "pool":
                 cost = p.swdge_issue_cycles / p.pool_ghz
@@ -885,7 +934,7 @@ def model_trace(
             t_trig = tl[kind].place(t_ready, cost) if cost > 0 else t_ready
             if cost > 0:
                 dma_trigger[idx] = (kind, t_trig, t_trig + cost)
-            queue_trigger[q] = t_trig
+            core.queue_trigger[q] = t_trig
             data_ready = t_trig + cost + float(p.dma_latency_ns)
             transpose = bool(ins.attrs.get("transpose"))
             eff = 1.0
@@ -894,9 +943,9 @@ def model_trace(
                 eff = float(p.dma_transpose_sbuf_eff if on_chip_src else p.dma_transpose_hbm_eff)
             t_end = data_ready
             t_start = float("inf")
-            qe = queue_engine_end.get(q)
+            qe = core.queue_engine_end.get(q)
             if qe is None:
-                qe = queue_engine_end[q] = [0.0] * n_dma
+                qe = core.queue_engine_end[q] = [0.0] * n_dma
             for nb, nbuf, engines in pieces:
                 dur = t_xfer + (nb + nbuf * desc) / (bw_eng * eff)
                 for etl, members in dma.split(engines):
@@ -919,9 +968,9 @@ def model_trace(
             if ready >= t_q and who != -2:
                 pred[idx] = who
             else:
-                pred[idx] = queue_last.get(q, -1)
-            queue_last[q] = idx
-            remaining["q:" + q] -= 1
+                pred[idx] = core.queue_last.get(q, -1)
+            core.queue_last[q] = idx
+            core.remaining["q:" + q] -= 1
 
         deps.record(ins, unit, end[idx])
         for a in (*ins.reads, *ins.writes):
@@ -929,15 +978,24 @@ def model_trace(
                 storage_end[a.storage] = end[idx]
 
         if idx % prune_every == prune_every - 1:
-            horizon = _horizon(remaining, issue_ready, queue_trigger)
+            horizons = [
+                _horizon(c.remaining, c.issue_ready, c.queue_trigger) for c in cores.values()
+            ]
+            horizon = min(horizons)
             if horizon > 0:
-                deps.prune(horizon - sync)
-                for t in (*tl.values(), *dma.timelines(), channel):
-                    t.prune(horizon)
+                for c in cores.values():
+                    c.deps.prune(horizon - sync)
+                    for t in (*c.tl.values(), *c.dma.timelines()):
+                        t.prune(horizon)
+                channel.prune(horizon)
 
     latency = (max(end) if n else 0.0) + float(p.launch_ns)
-    busy = {u: t.busy for u, t in tl.items()}
-    eng_busy = dma.busy_per_engine()
+    busy: dict[str, float] = defaultdict(float)
+    eng_busy: list[float] = []
+    for c in cores.values():  # summed over the cores: utilization divides by their count
+        for u, t in c.tl.items():
+            busy[u] += t.busy
+        eng_busy += c.dma.busy_per_engine()
     busy["dma"] = max(eng_busy) if eng_busy else 0.0
     crit, crit_unit = _critical_path(start, end, units, pred, occ)
     return ModeledTimeline(
@@ -948,7 +1006,7 @@ def model_trace(
         end=end,
         unit=units,
         occupancy=occ,
-        busy_ns=busy,
+        busy_ns=dict(busy),
         dma_engine_busy_ns=eng_busy,
         dma_active_ns=_union(dma_spans),
         dma_queue={i: q for i, (q, _) in queues.items()},
@@ -959,7 +1017,58 @@ def model_trace(
         critical_unit=crit_unit,
         alloc_fallbacks=fallbacks,
         dma_trigger=dma_trigger,
+        cores=len(cores),
     )
+
+
+def _complete_sync(
+    pending, instrs, units, cores, p, start, end, occ, pred, dma_spans, storage_end
+) -> None:
+    """Release the cores from one matched ``core_barrier`` or ``sendrecv`` group.
+
+    Barrier: each core's engine is blocked from its arrival until the later core's arrival
+    plus ``core_barrier_ns`` (the remote semaphore update and local wait; isa core_barrier).
+    Sendrecv: once both arrived, each core's DMA engines move its ``src`` to the peer's SBUF
+    (DMA latency, then per-engine transfers as a dma_copy's; SBUF to SBUF, so not through the
+    HBM stack); the group completes when both transfers did.
+    """
+    latest = max(arrival for _, arrival, _ in pending.values())
+    first_idx = min(idx for idx, _, _ in pending.values())
+    release = latest
+    if instrs[first_idx].attrs.get("sendrecv"):
+        n_dma = int(p.dma_engines)
+        begin = latest + float(p.dma_latency_ns)
+        bw_eng = float(p.dma_engine_gbps)
+        desc = float(p.dma_descriptor_bytes)
+        for c, (idx, _, _) in pending.items():
+            pieces, _, _ = _dma_pieces(instrs[idx], n_dma)
+            for nb, nbuf, engines in pieces:
+                dur = float(p.dma_transfer_ns) + (nb + nbuf * desc) / bw_eng
+                for etl, _ in cores[c].dma.split(engines):
+                    _, fin = etl.fill(begin, dur)
+                    release = max(release, fin)
+    else:
+        release = latest + float(p.core_barrier_ns)
+    for c, (idx, arrival, who) in pending.items():
+        core, ins, unit = cores[c], instrs[idx], units[idx]
+        start[idx], end[idx], occ[idx] = arrival, release, release - arrival
+        # the producer that made this core wait: its own input, else the other core
+        pred[idx] = (
+            who
+            if arrival >= latest
+            else max((j for j, a, _ in pending.values() if a == latest), default=-1)
+        )
+        if unit == "dma":
+            dma_spans.append((arrival, release))
+        else:
+            core.tl[unit].reserve(arrival, release - arrival)
+            core.issue_ready[unit] = release
+            core.last_on_unit[unit] = idx
+            core.remaining[unit] -= 1
+        core.deps.record(ins, unit, release)
+        for a in (*ins.reads, *ins.writes):
+            if a.on_chip and storage_end.get(a.storage, 0.0) < release:
+                storage_end[a.storage] = release
 
 
 def _horizon(remaining, issue_ready, queue_trigger) -> float:

@@ -17,26 +17,50 @@ __all__ = ["chrome_trace", "timeline_png", "png_bytes"]
 
 
 def _lanes(profile):
-    """Lane -> [(start ns, end ns, launch, instruction)], offset per launch."""
+    """Lane -> [(start ns, end ns, launch, instruction)], offset per launch. An LNC=2
+    launch's second core gets its own lanes, named ``core1 <lane>``."""
     lanes: dict[str, list] = {}
     offset = 0.0
+    cores = set()
     for li, lp in enumerate(profile.launches):
         tl = lp.timeline
+        instrs = lp.run.trace.instructions
         for i, unit in enumerate(tl.unit):
+            core = instrs[i].core
+            cores.add(core)
+            prefix = f"core{core} " if core else ""
             if unit == "dma":
-                lane = "dma " + tl.dma_queue.get(i, "?")
+                lane = prefix + "dma " + tl.dma_queue.get(i, "?")
                 s, e = tl.start[i], tl.end[i]
             else:
-                lane = unit
+                lane = prefix + unit
                 s, e = tl.start[i], tl.start[i] + tl.occupancy[i]
             lanes.setdefault(lane, []).append((offset + s, offset + e, li, i))
         for i, (kind, s, e) in tl.dma_trigger.items():  # DMA triggers hold their engine
-            lanes.setdefault(kind, []).append((offset + s, offset + e, li, i))
+            core = instrs[i].core
+            lane = (f"core{core} " if core else "") + kind
+            lanes.setdefault(lane, []).append((offset + s, offset + e, li, i))
         offset += tl.latency_ns
-    order = [u for u in ENGINE_LANES if u in lanes] + sorted(
-        k for k in lanes if k.startswith("dma ")
-    )
+    order = []
+    for core in sorted(cores or {0}):
+        prefix = f"core{core} " if core else ""
+        order += [prefix + u for u in ENGINE_LANES if prefix + u in lanes]
+        order += sorted(k for k in lanes if k.startswith(prefix + "dma "))
     return {k: sorted(lanes[k]) for k in order}
+
+
+def _split_core(lane: str) -> tuple[str, str]:
+    """("core1", "pe") for an LNC=2 second-core lane, ("", lane) otherwise."""
+    if lane.startswith("core"):
+        core, _, rest = lane.partition(" ")
+        return core, rest
+    return "", lane
+
+
+def _chrome_lane_label(lane: str) -> str:
+    core, rest = _split_core(lane)
+    label = UNIT_LABEL.get(rest, rest.replace("dma ", "DMA queue "))
+    return f"{core} {label}" if core else label
 
 
 def chrome_trace(profile, max_events: int = 400_000) -> dict:
@@ -53,7 +77,7 @@ def chrome_trace(profile, max_events: int = 400_000) -> dict:
         }
     ]
     for tid, lane in enumerate(lanes, start=1):
-        label = UNIT_LABEL.get(lane, lane.replace("dma ", "DMA queue "))
+        label = _chrome_lane_label(lane)
         events.append(
             {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": label}}
         )
@@ -66,12 +90,12 @@ def chrome_trace(profile, max_events: int = 400_000) -> dict:
             lp = profile.launches[li]
             ins = lp.run.trace.instructions[i]
             args = {"index": i, "kernel": lp.kernel, "modeled_end_us": lp.timeline.end[i] / 1e3}
-            if lane.startswith("dma "):
+            if "dma " in lane:
                 args["modeled_bytes"] = lp.timeline.dma_bytes.get(i, 0)
             events.append(
                 {
                     "name": ins.api.rsplit(".", 1)[-1]
-                    + (" trigger" if ins.engine == "dma" and not lane.startswith("dma ") else ""),
+                    + (" trigger" if ins.engine == "dma" and "dma " not in lane else ""),
                     "cat": lane,
                     "ph": "X",
                     "pid": 1,
@@ -240,12 +264,13 @@ def png_bytes(img: np.ndarray) -> bytes:
 
 
 def _lane_label(lane: str) -> str:
-    if lane.startswith("dma "):
-        return "DMA " + lane[4:]
-    return UNIT_LABEL.get(lane, lane)
+    core, lane = _split_core(lane)
+    label = "DMA " + lane[4:] if lane.startswith("dma ") else UNIT_LABEL.get(lane, lane)
+    return f"{core} {label}" if core else label
 
 
 def _lane_color(lane: str) -> np.ndarray:
+    lane = _split_core(lane)[1]
     return np.array(_COLORS.get("dma" if lane.startswith("dma ") else lane, (90, 90, 90)), float)
 
 
@@ -313,7 +338,7 @@ def timeline_png(profile, width: int = 1600) -> bytes:
     x = 8
     seen = []
     for lane in lanes:
-        key = "DMA queue" if lane.startswith("dma ") else _lane_label(lane)
+        key = "DMA queue" if "dma " in lane else _lane_label(_split_core(lane)[1])
         if key not in seen:
             seen.append(key)
             img[y_leg + 26 : y_leg + 40, x : x + 14] = _lane_color(lane).astype(np.uint8)

@@ -3,11 +3,10 @@
 ``tensor_add[grid](a, b)`` launches ``grid`` instances of the kernel; each asks for its
 index (``nl.program_id(0)``) and the instance count (``nl.num_programs(0)``) and takes every
 ``grid``-th block of 128 rows. Inputs and the output live in ``nl.shared_hbm``, which all
-instances see. The grid is the launch's logical NeuronCore size (LNC): NKI 0.6 launches
-``kernel[1]``, or ``kernel[2]`` where the target has LNC=2 (trn2, trn3), and it must match
-the runtime's ``NEURON_LOGICAL_NC_CONFIG`` (nki/api/nki/__init__.py, ``jit``), so the
-example takes ``--grid`` 1 or 2 on trn2/trn3 and 1 on trn1 (default: the launch LNC of
-``neuron_kernels.hardware.launch_lnc``).
+instances see. NKI 0.6 allows one number in the brackets, the LNC: ``kernel[1]`` anywhere,
+``kernel[2]`` on Trn2/Trn3, whose logical NeuronCore is two physical cores sharing one HBM
+stack (nki/get-started/about/lnc.rst). The default grid is the launch's LNC
+(``NEURON_LOGICAL_NC_CONFIG``, else the target's default: 2 on trn2/trn3, 1 on trn1).
 
 Run it anywhere (the portable interpreter is used when AWS's ``nki`` is not installed)::
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from neuron_kernels.backend import name as backend_name
 from neuron_kernels.backend import nisa, nki, nl
+from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import default_target, launch_lnc
 
 
@@ -82,18 +82,18 @@ def main(argv: list[str] | None = None) -> int:
         "--grid",
         type=positive_int,
         default=None,
-        help="program instances: the launch LNC, 1 or 2 on trn2/trn3, 1 on trn1 "
-        "(default: NEURON_LOGICAL_NC_CONFIG, else the target's default)",
+        help="the LNC: 1, or 2 on trn2/trn3 (default: the launch's LNC)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    target = default_target()
-    grid = launch_lnc(target) if args.grid is None else args.grid
+    try:
+        target = default_target()
+        grid = launch_lnc(target) if args.grid is None else args.grid
+    except LimitError as exc:
+        parser.error(str(exc))
     if grid not in target.lnc_choices:
-        parser.error(
-            f"argument --grid: must be an LNC {target.name} has "
-            f"({'|'.join(map(str, target.lnc_choices))}), got {grid}"
-        )
+        choices = "|".join(map(str, target.lnc_choices))
+        parser.error(f"argument --grid: must be an LNC {target.name} has ({choices}), got {grid}")
 
     rng = np.random.default_rng(args.seed)
     a = rng.standard_normal((args.rows, args.cols), dtype=np.float32)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,10 @@ class Launch:
     # compute=False runs checks, liveness and the trace but skips the arithmetic: the
     # cost model needs only shapes, and NKI control flow never depends on tensor data.
     compute: bool = True
+    # LNC=2: the lock-step runner of the two cores (cores.CoreRendezvous), and the HBM operand
+    # views of every instruction (index -> (reads, writes)) for the race check (races.py).
+    cores: Any = None
+    hbm_views: dict[int, tuple[tuple[NkiTensor, ...], tuple[NkiTensor, ...]]] | None = None
 
     def new_storage_id(self) -> int:
         self.next_storage_id += 1
@@ -61,6 +65,10 @@ class ProgramInstance:
     vector_regs: np.ndarray = field(default_factory=lambda: np.full(128, np.nan, np.float32))
     on_chip: list[Storage] = field(default_factory=list)
     shared_cursor: int = 0
+    # Physical core of the logical core running this instance (its program_id(0) at LNC=2).
+    core: int = 0
+    # Dynamic control flow taken (call site, trip count): both cores must agree (lnc.rst).
+    dynamic_flow: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def target(self) -> Target:
@@ -93,8 +101,15 @@ class ProgramInstance:
             program_id=self.program_id,
             attrs=attrs,
             name=name,
+            core=self.core,
         )
         instructions.append(ins)
+        views = self.launch.hbm_views
+        if views is not None:
+            hbm_reads = tuple(t for t in reads if t._storage.buffer.is_hbm)
+            hbm_writes = tuple(t for t in writes if t._storage.buffer.is_hbm)
+            if hbm_reads or hbm_writes:
+                views[index] = (hbm_reads, hbm_writes)
         return ins
 
 

@@ -2,8 +2,13 @@
 
 Calling convention as ``nki.simulate`` (nki/guides/nki_simulator.rst): NumPy arrays or
 torch CPU tensors become HBM tensors, other arguments pass through; the kernel body runs
-eagerly once per SPMD program instance; returned ``shared_hbm`` tensors come back as the
-same kind of array that went in; HBM inputs the kernel wrote are updated in place.
+eagerly once per program instance; returned ``shared_hbm`` tensors come back as the same kind
+of array that went in; HBM inputs the kernel wrote are updated in place.
+
+Launch grids are NKI 0.6's: ``kernel[lnc]`` with one number, the LNC, which the target must
+have (nki/get-started/about/lnc.rst). ``kernel[2]`` runs its two instances as the two
+physical cores of a logical core, in lock-step (``cores.py``), and refuses races between them
+on shared HBM (``races.py``).
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target, default_target, target_from_name
 from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.context import Launch, ProgramInstance, activate
+from neuron_kernels.interpreter.cores import check_same_dynamic_flow, run_lock_step
 from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.identity import with_checked_identity
+from neuron_kernels.interpreter.instructions import collective
 from neuron_kernels.interpreter.memory import MemoryPeak, check_capacity
+from neuron_kernels.interpreter.races import check_hbm_races
 from neuron_kernels.interpreter.rebind import rebound_to_interpreter, unwrap_kernel
 from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor, wrap_host_array
 from neuron_kernels.interpreter.trace import Trace
@@ -49,10 +57,20 @@ class Kernel:
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid) -> Kernel:
+        """``kernel[lnc]``: NKI 0.6 launches on a logical NeuronCore of ``lnc`` physical cores;
+        "The bracket syntax must contain only one number" (nki/get-started/about/lnc.rst). The
+        target decides which numbers exist (``Target.lnc_choices``), checked at launch."""
         grid = grid if isinstance(grid, tuple) else (grid,)
         for g in grid:
             if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1:
                 raise NkiValidationError("nki.jit", "launch grid", "must be positive ints", grid)
+        if len(grid) != 1:
+            raise NkiValidationError(
+                "nki.jit",
+                "launch grid",
+                "must be one int, the LNC (kernel[1] or kernel[2]; nki/get-started/about/lnc.rst)",
+                grid,
+            )
         k = Kernel(self.fn, tuple(int(g) for g in grid), **self.options)
         k.schedule = self.schedule
         return k
@@ -158,6 +176,7 @@ def run(
     body = with_checked_identity(kernel.fn)
     grid = kernel.grid
     n_programs = int(np.prod(grid)) if grid else 1
+    lnc = _check_lnc(grid, tgt)
     launch = Launch(
         target=tgt, grid=grid, precise_fp=precise, trace=Trace(target=tgt.name), compute=compute
     )
@@ -188,22 +207,72 @@ def run(
 
     result = None
     peaks = []
-    ids = list(itertools.product(*(range(g) for g in grid))) if grid else [()]
-    for pid in ids:
-        sim = ProgramInstance(launch, program_id=pid)
-        first = len(launch.trace.instructions)
-        with activate(sim), rebound_to_interpreter(kernel.fn):
-            result = body(*dev_args, **dev_kwargs)
-        _check_outputs(result)
-        _apply_schedule(kernel.schedule, launch.trace.instructions[first:])
-        peaks.append(check_capacity(sim))
-
+    if lnc == 1:
+        ids = list(itertools.product(*(range(g) for g in grid))) if grid else [()]
+        for pid in ids:
+            sim = ProgramInstance(launch, program_id=pid)
+            first = len(launch.trace.instructions)
+            with activate(sim), rebound_to_interpreter(kernel.fn):
+                result = body(*dev_args, **dev_kwargs)
+            _check_outputs(result)
+            _apply_schedule(kernel.schedule, launch.trace.instructions[first:])
+            peaks.append(check_capacity(sim))
+    else:
+        result, peaks = _run_cores(kernel, body, launch, lnc, dev_args, dev_kwargs)
     if compute:  # without arithmetic the values are meaningless: leave the inputs alone
         for value, t in hosts:
             if t._storage.written:
                 _write_back(value, t)
     outputs = _convert_outputs(result, framework)
     return Run(outputs=outputs, trace=launch.trace, target=tgt, grid=grid, memory=peaks)
+
+
+def _check_lnc(grid: tuple[int, ...], target: Target) -> int:
+    """The launch's LNC: ``kernel[lnc]`` with ``lnc`` one the target has (trn1: 1; trn2,
+    trn3: 1 or 2). "If the number is too large for the current architecture, then you will
+    receive an error" (nki/get-started/about/lnc.rst)."""
+    lnc = grid[0] if grid else 1
+    if len(grid) > 1 or lnc not in target.lnc_choices:
+        choices = " or ".join(f"kernel[{c}]" for c in target.lnc_choices)
+        raise NkiValidationError(
+            "nki.jit",
+            "launch grid (LNC)",
+            f"must be an LNC {target.name} has ({choices})",
+            grid,
+            limit=target.lnc_choices,
+        )
+    return lnc
+
+
+def _run_cores(kernel, body, launch: Launch, lnc: int, dev_args, dev_kwargs):
+    """Run the ``lnc`` program instances of one launch as physical cores in lock-step
+    (interpreter/cores.py), then refuse races between them on HBM (interpreter/races.py).
+    Each core's SBUF and PSUM capacity is checked on its own."""
+    launch.hbm_views = {}
+    instances: list[ProgramInstance] = []
+
+    def make_instance(core: int) -> ProgramInstance:
+        instances.append(ProgramInstance(launch, program_id=(core,), core=core))
+        return instances[-1]
+
+    def run_body(sim: ProgramInstance):
+        with activate(sim):
+            return body(*dev_args, **dev_kwargs)
+
+    def synchronise(points) -> None:
+        collective.synchronise(points, launch.compute)
+
+    with rebound_to_interpreter(kernel.fn):
+        results = run_lock_step(lnc, make_instance, run_body, synchronise, check_same_dynamic_flow)
+    by_core: dict[int, list] = {}
+    for ins in launch.trace.instructions:
+        by_core.setdefault(ins.core, []).append(ins)
+    for core, result in enumerate(results):
+        _check_outputs(result)
+        _apply_schedule(kernel.schedule, by_core.get(core, []))
+    peaks = [check_capacity(sim) for sim in instances]
+    check_hbm_races(launch.trace.instructions, launch.hbm_views, launch.compute)
+    return results[-1], peaks
 
 
 def _apply_schedule(schedule, instructions) -> None:

@@ -157,6 +157,25 @@ def register_store(dst, src) -> None:
     OperandChecks(api).record("sync", [], [dst], None)
 
 
+def _record_dynamic_flow(api: str, trips: int, *bounds) -> None:
+    """Note a loop whose trip count is a register value (known only on the device), with
+    its call site: every core of an LNC=2 launch must take the same (nki/get-started/about/
+    lnc.rst); the lock-step runner compares them. Loops with compile-time bounds are not
+    dynamic and are not noted."""
+    if bounds and not any(isinstance(b, VirtualRegister) for b in bounds):
+        return
+    import sys
+
+    from neuron_kernels.interpreter.context import current_or_none
+
+    sim = current_or_none()
+    if sim is None or sim.launch.cores is None:
+        return
+    frame = sys._getframe(2)
+    site = f"{api} at {frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+    sim.dynamic_flow.append((site, trips))
+
+
 def _step(api: str, step) -> int:
     if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 1:
         raise NkiValidationError(api, "step", "must be a positive compile-time int", step)
@@ -172,6 +191,7 @@ def fori_loop(lower, upper, body_fun, step=1) -> None:
     hi = register_value(api, "upper", upper)
     if not callable(body_fun):
         raise NkiValidationError(api, "body_fun", "must be callable", type(body_fun).__name__)
+    _record_dynamic_flow(api, len(range(lo, hi, step)), lower, upper)
     for i in range(lo, hi, step):
         if body_fun(VirtualRegister(i, frozen=True)) is not None:
             raise NkiValidationError(api, "body_fun", "must not return a value", "a value")
@@ -182,9 +202,12 @@ def while_loop(init, body_fun) -> None:
     register (nl.while_loop)."""
     api = "nl.while_loop"
     reg = _register(api, "init", init)
+    trips = 0
     while reg._read(api) != 0:
         nxt = body_fun(reg)
         reg = _register(api, "body_fun's return value", nxt)
+        trips += 1
+    _record_dynamic_flow(api, trips)
 
 
 def dynamic_range(start, stop=None, step=1):
@@ -196,4 +219,5 @@ def dynamic_range(start, stop=None, step=1):
         start, stop = 0, start
     lo = register_value(api, "start", start)
     hi = register_value(api, "stop", stop)
+    _record_dynamic_flow(api, len(range(lo, hi, step)), start, stop)
     return (VirtualRegister(i, frozen=True) for i in range(lo, hi, step))

@@ -70,6 +70,7 @@ class Instruction:
     attrs: dict[str, Any] = field(default_factory=dict)
     depends_on: list[int] = field(default_factory=list)  # explicit scheduling edges
     name: str | None = None
+    core: int = 0  # physical core of the logical core (program_id(0) of an LNC=2 launch)
 
 
 @dataclass

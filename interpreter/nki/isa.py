@@ -21,6 +21,7 @@ from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.errors import not_implemented as _not_implemented
 from neuron_kernels.interpreter.instructions._common import NkiInstruction
 from neuron_kernels.interpreter.instructions.activate2 import activate2
+from neuron_kernels.interpreter.instructions.collective import core_barrier, sendrecv
 from neuron_kernels.interpreter.instructions.dma import dma_copy, dma_transpose
 from neuron_kernels.interpreter.instructions.gpsimd import (
     affine_select,
@@ -120,6 +121,8 @@ __all__ = [
     "nc_matmul_mx",
     "nc_find_index8",
     "nonzero_with_count",
+    "core_barrier",
+    "sendrecv",
     "VirtualRegister",
     "register_alloc",
     "register_move",
@@ -139,9 +142,7 @@ _KNOWN = {
     "rand_get_state",
     "rand2",
     "sequence_bounds",
-    "core_barrier",
     "dma_compute",
-    "sendrecv",
     "nc_match_replace8",
     "topk",
 }

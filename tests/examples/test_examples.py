@@ -82,7 +82,7 @@ def test_example_fails_on_a_wrong_result(name, tmp_path):
     "name,args",
     [
         ("spmd_tensor_add.py", ["--grid", "0"]),
-        ("spmd_tensor_add.py", ["--grid", "3"]),  # NKI 0.6 launches kernel[1] or kernel[2]
+        ("spmd_tensor_add.py", ["--grid", "3"]),  # NKI 0.6: kernel[1] or kernel[2] (lnc.rst)
         ("spmd_tensor_add.py", ["--rows", "-1"]),
         ("tiled_matmul.py", ["--m", "0"]),
         ("tiled_matmul.py", ["--k", "x"]),

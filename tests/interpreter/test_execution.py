@@ -138,11 +138,28 @@ def test_grid_2_like_lnc2():
     np.testing.assert_array_equal(out, [[0, 0, 2, 1, -1], [1, 0, 2, 1, -1]])
 
 
-def test_grid_2x3_shares_the_shared_hbm_output():
-    r = run(nki.jit(grid_kernel)[2, 3], (np.zeros((1, 1), np.float32),))
-    want = [[i, j, 2, 2, 6] for i in range(2) for j in range(3)]
-    np.testing.assert_array_equal(r.outputs, want)
-    assert sorted({i.program_id for i in r.trace}) == [(i, j) for i in range(2) for j in range(3)]
+@pytest.mark.parametrize("grid", [(2, 3), (1, 1)])
+def test_grid_must_be_one_int_the_lnc(grid):
+    """NKI 0.6: "The bracket syntax must contain only one number" (nki/get-started/about/lnc.rst)."""
+    with pytest.raises(NkiValidationError) as info:
+        nki.jit(grid_kernel)[grid]
+    assert (info.value.op, info.value.arg, info.value.value) == ("nki.jit", "launch grid", grid)
+
+
+@pytest.mark.parametrize(("target", "lnc"), [("trn2", 4), ("trn3", 3), ("trn1", 2)])
+def test_lnc_the_target_lacks_is_refused(target, lnc):
+    """kernel[8] is an error on current hardware (lnc.rst); trn1 has no LNC=2
+    (logical-neuroncore-config.rst: LNC applies only to Trn2 and Trn3)."""
+    with pytest.raises(NkiValidationError) as info:
+        run(nki.jit(grid_kernel)[lnc], (np.zeros((1, 1), np.float32),), target=target)
+    err = info.value
+    assert (err.op, err.arg, err.value) == ("nki.jit", "launch grid (LNC)", (lnc,))
+    assert target in err.rule
+
+
+def test_lnc1_bracket_is_one_program():
+    out = nki.simulate(nki.jit(grid_kernel)[1])(np.zeros((1, 1), np.float32))
+    np.testing.assert_array_equal(out, [[0, 0, 1, 1, -1]])
 
 
 def test_no_grid_spmd_queries():

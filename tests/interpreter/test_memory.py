@@ -22,7 +22,8 @@ OUT = np.zeros((1, 1), np.float32)
 
 def finish(x):
     out = nl.ndarray((1, 1), nl.float32, buffer=nl.shared_hbm)
-    nisa.dma_copy(dst=out, src=x)
+    if nl.program_id(0) == 0:  # one writer: at LNC=2 both cores writing out would race
+        nisa.dma_copy(dst=out, src=x)
     return out
 
 
