@@ -6,11 +6,11 @@ LNC=1 work in the LNC=1 order (the tiling helpers), an LNC=2 launch gives bitwis
 LNC=1 outputs wherever the split keeps every element on one core (every output but the
 RMSNorm backward's dw, a sum over rows that the cores' fp32 partials and the op then add
 in core order, checked bitwise against that definition), and a launch whose plan does
-not split (both cores doing all the work) fails an output check where the work is not
-idempotent (AdamW's in-place update, dw's sum). Where a doubled share writes the same
-bytes twice (matmul, RMSNorm forward, attention), only the race detector of the
-two-core interpreter (issue 28 item 3) can catch it. What only a Trn2 run proves: that
-two real cores, running concurrently, give the same bits.
+not split (both cores doing all the work) is refused by the two-core interpreter's race
+check; the doubled work itself fails the output check where it is not idempotent
+(AdamW's in-place update; a doubled matmul or RMSNorm forward share writes the same
+bytes twice, which only the race check can see). What only a Trn2 run proves: that two
+real cores, running concurrently, give the same bits.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from neuron_kernels.errors import LimitError
+from neuron_kernels.interpreter import NkiValidationError
 from neuron_kernels.kernels import (
     REGISTRY,
     adamw,
@@ -170,28 +171,43 @@ def _unsplit(module, spec, field, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "module,field", [(adamw, "core_waves"), (rms_norm_bwd, "core_tiles")], ids=["adamw", "dw"]
+    "module,field",
+    [(adamw, "core_waves"), (rms_norm_bwd, "core_tiles"), (matmul, "core_blocks")],
+    ids=["adamw", "rms_norm_bwd", "matmul"],
 )
-def test_an_unsplit_lnc2_launch_fails_the_output_check(module, field, monkeypatch):
-    """Both cores doing all the work: AdamW updates every element twice and dw counts every
-    row twice, so the output check fails; with the split (the first run) it passes."""
+def test_an_unsplit_lnc2_launch_is_refused_as_a_race(module, field, monkeypatch):
+    """Both cores doing all the work write the same HBM bytes with no barrier between: the
+    two-core interpreter's race check refuses the launch, naming a tensor the op writes."""
     spec = module.SPEC
     args = spec.make_inputs(
         spec.test_problems["probe"], "float32", torch.Generator().manual_seed(5)
     )
-    tol = spec.tolerances["float32"]
-
-    def check():
-        ran, ref = copy_args(args), copy_args(args, torch.float64)
-        out = run_kernel(module.SPEC, ran, target="trn2", lnc=2)
-        if spec.mutates:
-            spec.reference(*ref, upcast=True)
-            for g, w in zip(spec.mutated_tensors(ran), spec.mutated_tensors(ref)):
-                assert_within_tolerance(g, w, tol, "updated tensor")
-        else:
-            assert_within_tolerance(out, spec.reference(*ref, upcast=True), tol, "outputs")
-
-    check()
+    run_kernel(spec, copy_args(args), target="trn2", lnc=2)  # split: no race
     _unsplit(module, spec, field, monkeypatch)
+    with pytest.raises(NkiValidationError, match="both cores"):
+        run_kernel(module.SPEC, copy_args(args), target="trn2", lnc=2)
+
+
+def test_the_work_of_an_unsplit_adamw_fails_the_output_check():
+    """What two unsplit cores would do to AdamW's state, the whole update applied twice
+    (in sequence: the race check refuses it at [2]), fails the output check, which the
+    split launch passes: the check can see a doubled share where the work is not
+    idempotent."""
+    spec = adamw.SPEC
+    args = spec.make_inputs(
+        spec.test_problems["probe"], "float32", torch.Generator().manual_seed(5)
+    )
+    tol = spec.tolerances["float32"]
+    ref = copy_args(args, torch.float64)
+    spec.reference(*ref, upcast=True)
+    want = spec.mutated_tensors(ref)
+    split = copy_args(args)
+    run_kernel(spec, split, target="trn2", lnc=2)
+    for g, w in zip(spec.mutated_tensors(split), want):
+        assert_within_tolerance(g, w, tol, "split")
+    doubled = copy_args(args)
+    run_kernel(spec, doubled, target="trn2", lnc=1)
+    run_kernel(spec, doubled, target="trn2", lnc=1)
     with pytest.raises(AssertionError):
-        check()
+        for g, w in zip(spec.mutated_tensors(doubled), want):
+            assert_within_tolerance(g, w, tol, "doubled")
