@@ -71,14 +71,21 @@ def default_backend_name() -> str:
     return "hardware" if has_neuron_device() else "model"
 
 
+def dma_floor_ns(report, nbytes: int) -> float:
+    """The DMA floor of moving ``nbytes`` on the logical core ``report`` was modeled on: at
+    the full rate of its DMA engines, bounded by its HBM (LNC=1: the core's share,
+    ``dma_core_gbps``; LNC=2: the one stack both cores share, ``hbm_stack_gbps``), as the
+    profile's own floors (``Profile.floors_ns``). The one floor formula of the tuner and the
+    benchmarks."""
+    params, cores = report.params, report.lnc
+    hbm = params.dma_core_gbps if cores == 1 else params.hbm_stack_gbps
+    return nbytes / min(float(hbm), float(params.dma_engine_gbps) * int(params.dma_engines) * cores)
+
+
 def _floors(report, spec, problem: dict, dtype: str, copies: int = 1) -> tuple[float, str]:
     """(floor in us, the engine that binds) for the op at ``problem``: see :class:`Measurement`.
     ``report`` profiles one of ``copies`` identical slices of it (``OpSpec.model_slice``)."""
-    params = report.params
-    rate_gbps = min(
-        float(params.dma_core_gbps), float(params.dma_engine_gbps) * int(params.dma_engines)
-    )
-    dma_ns = spec.min_traffic_bytes(problem, dtype) / rate_gbps
+    dma_ns = dma_floor_ns(report, spec.min_traffic_bytes(problem, dtype))
     tensor_ns = copies * report.floors_ns()["tensor"]
     return (tensor_ns / 1e3, "TensorE") if tensor_ns >= dma_ns else (dma_ns / 1e3, "DMA")
 
