@@ -250,8 +250,8 @@ class OpSpec:
         model_slice: ``model_slice(problem) -> (slice_problem, copies)``: set when the
             kernels run ``copies`` independent, identical pieces of ``slice_problem`` one
             after another (attention's (batch, KV head) groups), sharing nothing but the
-            core. The tuner's model backend then traces one piece and multiplies its modeled
-            latency by ``copies`` (dropping only the overlap of one piece's tail with the
+            core. At LNC=1 the tuner's model backend then traces one piece and multiplies its
+            modeled latency by ``copies`` (at LNC > 1 it traces the whole launch) (dropping only the overlap of one piece's tail with the
             next one's head: a slight overestimate, tested in ``tests/autotune``).
     """
 
