@@ -20,8 +20,7 @@ import time
 
 import torch
 
-from neuron_kernels.autotune.backends import dma_floor_ns
-from neuron_kernels.cost_model.profiler import Profiler
+from neuron_kernels.cost_model.profiler import Profiler, dma_floor_ns
 from neuron_kernels.hardware import launch_lnc
 from neuron_kernels.kernels import adamw
 
@@ -66,7 +65,7 @@ def measure(
     report = profiler.report()
     n = sum(p.numel() for p in args[0])
     per_element = BYTES_PER_ELEMENT[dtype] + (8 if amsgrad else 0)
-    floor_ns = dma_floor_ns(report, per_element * n)
+    floor_ns = dma_floor_ns(report.params, per_element * n, report.lnc)
     by_engine, _ = report.counts()
     busy = report.busy_ns()
     critical, _ = report.critical()

@@ -80,7 +80,12 @@ def test_report_without_the_plot_extra_is_one_line(isolated, monkeypatch, capsys
         (["matmul", "--shape", "8x8x8", "--sampler", "cmaes"], "categorical"),
         (["matmul", "--shape", "8x8x8", "--sampler", "sa"], "--sampler sa: must be one of"),
         (["matmul", "--shape", "8x8x8", "--backend", "gpu"], "--backend gpu: must be"),
-        (["matmul", "--shape", "8x8x8", "--backend", "hardware"], "needs the Neuron SDK"),
+        (["matmul", "--shape", "8x8x8", "--backend", "hardware"], "hardware: no NeuronCore: no"),
+        (["matmul", "--shape", "8x8x8", "--compile-jobs", "0"], "--compile-jobs 0: must be >= 1"),
+        (
+            ["matmul", "--shape", "8x8x8", "--backend", "hardware", "--trial-deadline", "0"],
+            "--trial-deadline 0: must be > 0",
+        ),
         (["matmul", "--shape", "8x8x8", "--storage", "nowhere"], "--storage nowhere: must be"),
         (
             ["matmul", "--shape", "8x8x8", "--storage", "postgresql://u@127.0.0.1:1/db"],
