@@ -93,6 +93,9 @@ COST_RULES = {
             "tensor_partition_reduce",
             "nc_find_index8",
             "nonzero_with_count",
+            # a VectorE copy across partitions within quadrants: one pass over the free size,
+            # as tensor_copy; the docs give it no 2-byte performance mode
+            "nc_stream_shuffle",
         ),
         "one pass",
     ),

@@ -22,8 +22,12 @@ class NotImplementedByInterpreter(NotImplementedError, AttributeError):
 
 def not_implemented(qualified_name: str, known: bool = True) -> NotImplementedByInterpreter:
     if known:
+        from neuron_kernels.interpreter.unimplemented import reason
+
+        why = reason(qualified_name)
         return NotImplementedByInterpreter(
             f"{qualified_name} is not implemented by the neuron-kernels interpreter"
+            + (f": {why}" if why else "")
         )
     return NotImplementedByInterpreter(
         f"{qualified_name} is not implemented by the neuron-kernels interpreter (nor is it an NKI 0.6 API)"

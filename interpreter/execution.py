@@ -27,12 +27,14 @@ import numpy as np
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target, default_target, target_from_name
 from neuron_kernels.interpreter import dtypes
+from neuron_kernels.interpreter.classes import rebuilt_argument
 from neuron_kernels.interpreter.context import Launch, ProgramInstance, activate
 from neuron_kernels.interpreter.cores import check_same_dynamic_flow, run_lock_step
 from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.identity import with_checked_identity
 from neuron_kernels.interpreter.instructions import collective
 from neuron_kernels.interpreter.memory import MemoryPeak, check_capacity
+from neuron_kernels.interpreter.python_subset import check_kernel
 from neuron_kernels.interpreter.races import check_hbm_races
 from neuron_kernels.interpreter.rebind import rebound_to_interpreter, unwrap_kernel
 from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor, wrap_host_array
@@ -173,6 +175,7 @@ def run(
     tgt = _resolve_target(target)
     precise = dtypes.precise_fp_from_env() if precise_fp is None else precise_fp
     _check_python_subset(kernel.fn)
+    check_kernel(kernel.fn, (*args, *kwargs.values()))  # python_subset.py
     body = with_checked_identity(kernel.fn)
     grid = kernel.grid
     n_programs = int(np.prod(grid)) if grid else 1
@@ -188,6 +191,7 @@ def run(
 
     def to_device(name, value):
         _reject_lists(name, value)
+        value = rebuilt_argument(value, name)  # NKIObjects from their __dict__ (classes.py)
         if isinstance(value, tuple):  # a tuple of arrays is a tuple of HBM tensors
             return tuple(to_device(f"{name}[{i}]", v) for i, v in enumerate(value))
         for seen_value, seen in hosts:  # the same array passed twice is one HBM tensor

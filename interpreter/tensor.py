@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any
 
 import numpy as np
 
 from neuron_kernels.interpreter import dtypes
+from neuron_kernels.interpreter.classes import NKIObject
 from neuron_kernels.interpreter.errors import NkiValidationError, not_implemented
 from neuron_kernels.interpreter.trace import Access
 
@@ -50,56 +50,6 @@ class MemoryRegion(enum.Enum):
     @property
     def is_hbm(self) -> bool:
         return self is MemoryRegion.private_hbm or self is MemoryRegion.shared_hbm
-
-
-class NKIObject:
-    """Base class for NKI kernel dataclasses and configuration objects.
-
-    With ``@dataclass`` the class gets Python's generated ``__init__``. Without it, the NKI
-    language guide (nki/get-started/nki-language-guide.rst, "Class Support") says the class
-    compiles the same way: this ``__init__`` takes the annotated attributes, base classes'
-    first, positionally or by keyword (a missing one gets its class default, else None),
-    sets any other keyword as an (unannotated) attribute, then calls ``__post_init__`` if
-    the class defines one.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        fields = _annotated_fields(type(self))
-        name = type(self).__name__
-        if len(args) > len(fields):
-            raise TypeError(
-                f"{name}() takes {len(fields)} positional arguments (its annotated "
-                f"attributes {fields}) but {len(args)} were given"
-            )
-        given = dict(zip(fields, args))
-        for key in kwargs:
-            if key in given:
-                raise TypeError(f"{name}() got multiple values for argument {key!r}")
-        given.update(kwargs)
-        for field_name in fields:
-            if field_name not in given:
-                given[field_name] = getattr(type(self), field_name, None)
-        for key, value in given.items():
-            setattr(self, key, value)
-        post_init = getattr(self, "__post_init__", None)
-        if post_init is not None:
-            post_init()
-
-    def __repr__(self) -> str:
-        items = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
-        return f"{type(self).__name__}({items})"
-
-
-def _annotated_fields(cls: type) -> list[str]:
-    """Annotated attribute names of ``cls`` and its bases, base classes first."""
-    names: list[str] = []
-    for klass in reversed(cls.__mro__):
-        for key, hint in klass.__dict__.get("__annotations__", {}).items():
-            if "ClassVar" in str(hint):  # a class constant, not an attribute (as dataclasses)
-                continue
-            if key not in names and not key.startswith("_"):
-                names.append(key)
-    return names
 
 
 class Indirection:

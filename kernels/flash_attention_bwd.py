@@ -535,8 +535,10 @@ def _query_pass_prepare(qs, plan, psum_dtype):
     tq, d = plan.tile_q, plan.d
     for a in range(len(qs["live"])):
         t, n_q = qs["live"][a]
-        q_tv = [qs["q_t"][:, c, t * tq : t * tq + n_q] for c in range(plan.d_chunks)]
-        do_tv = [qs["do_t"][:, c, t * tq : t * tq + n_q] for c in range(plan.d_chunks)]
+        q_tv, do_tv = [], []
+        for c in range(plan.d_chunks):
+            q_tv.append(qs["q_t"][:, c, t * tq : t * tq + n_q])
+            do_tv.append(qs["do_t"][:, c, t * tq : t * tq + n_q])
         q_rows, do_rows = qs["q"][0:n_q, t, :], qs["do"][0:n_q, t, :]
         _transpose_rows(qs["q_src"][a], q_rows, q_tv, n_q, plan, psum_dtype)
         _transpose_rows(qs["do_src"][a], do_rows, do_tv, n_q, plan, psum_dtype)
@@ -585,8 +587,10 @@ def _load_kv_rows(k, v, b, hk, j, plan):
 def _transpose_kv(kv, plan, psum_dtype):
     """Phase 2 of loading a key tile: K^T and V^T (issued once its rows have arrived)."""
     n_k = kv["n"]
-    k_tv = [kv["k_t"][:, c, 0:n_k] for c in range(plan.d_chunks)]
-    v_tv = [kv["v_t"][:, c, 0:n_k] for c in range(plan.d_chunks)]
+    k_tv, v_tv = [], []
+    for c in range(plan.d_chunks):
+        k_tv.append(kv["k_t"][:, c, 0:n_k])
+        v_tv.append(kv["v_t"][:, c, 0:n_k])
     _transpose_rows(kv["k_src"], kv["k"][0:n_k, :], k_tv, n_k, plan, psum_dtype)
     _transpose_rows(kv["v_src"], kv["v"][0:n_k, :], v_tv, n_k, plan, psum_dtype)
 
@@ -708,7 +712,9 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
         passes = []
         for g, p0, n_pass in group_passes:
             passes.append((hk * plan.groups + g, p0, n_pass))
-        pass_pairs = [_pass_pairs(ps[1], ps[2], n_kt, plan) for ps in passes]
+        pass_pairs = []
+        for ps in passes:
+            pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
         kb = plan.kv_block
         qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan)
         _query_pass_prepare(qs_next, plan, psum_dtype)
@@ -744,8 +750,10 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
                 )
             # Where PSUM sums start and end: the key block of a pair (dK/dV under
             # kv_outer) and its run of consecutive pairs with one query tile (dQ).
-            kv_group = [pr[1] // kb if kv_outer else n for n, pr in enumerate(pairs)]
-            q_group = [(pr[0], kv_group[n]) if kv_outer else pr[0] for n, pr in enumerate(pairs)]
+            kv_group, q_group = [], []
+            for n in range(len(pairs)):
+                kv_group.append(pairs[n][1] // kb if kv_outer else n)
+                q_group.append((pairs[n][0], kv_group[n]) if kv_outer else pairs[n][0])
             blocks = []  # key blocks in the order the pass first uses them
             for jb in kv_group if kv_outer else ():
                 if len(blocks) == 0 or blocks[-1] != jb:

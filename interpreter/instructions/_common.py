@@ -18,6 +18,7 @@ from neuron_kernels.interpreter.enums import engine as Engine
 from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.operators import Operator
 from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor
+from neuron_kernels.interpreter.values import nki_float, nki_int, nki_number
 
 __all__ = ["OperandChecks", "NkiInstruction", "SBUF", "PSUM", "ON_CHIP", "HBM_OR_SBUF"]
 
@@ -249,8 +250,8 @@ class OperandChecks:
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             self.fail(arg, f"must be a compile-time number or a ({partitions}, 1) tile", repr(v))
         if integer:
-            return np.int64(v)
-        return np.float32(v)
+            return np.int64(nki_int(self.api, arg, int(v)))
+        return nki_float(self.api, arg, nki_number(self.api, arg, v))
 
     def operator(self, arg: str, op, *, kinds: tuple[str, ...]) -> Operator:
         if not isinstance(op, Operator):

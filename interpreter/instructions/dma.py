@@ -11,6 +11,7 @@ import numpy as np
 from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.enums import dge_mode as DgeMode
 from neuron_kernels.interpreter.enums import engine as Engine
+from neuron_kernels.interpreter.enums import enum_member
 from neuron_kernels.interpreter.enums import oob_mode as OobMode
 from neuron_kernels.interpreter.instructions._common import HBM_OR_SBUF, SBUF, OperandChecks
 
@@ -20,8 +21,14 @@ _NO_PSUM = "DMA cannot access PSUM; evacuate it with nisa.tensor_copy first"
 
 
 def _dge(check: OperandChecks, dge_mode) -> str:
-    if not isinstance(dge_mode, DgeMode):
-        check.fail("dge_mode", "must be an nisa.dge_mode member", repr(dge_mode))
+    member = enum_member(DgeMode, dge_mode)
+    if member is None:
+        check.fail(
+            "dge_mode",
+            "must be an nisa.dge_mode member or its int value (as nki-library's qkv_tkg passes)",
+            repr(dge_mode),
+        )
+    dge_mode = member
     if dge_mode is DgeMode.hwdge and not check.target.has_hwdge:
         check.fail(
             "dge_mode", "hwdge needs NeuronCore-v3 or newer", f"hwdge on {check.target.name}"

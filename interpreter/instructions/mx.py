@@ -1,32 +1,29 @@
-"""``nisa.quantize_mx`` and ``nisa.nc_matmul_mx``: refused, because the docs leave the
-numbers they produce open.
+"""``nisa.quantize_mx`` and ``nisa.nc_matmul_mx``: refused, not written yet.
+
+What the API stubs leave open (below) is fixed by AWS's MX deep dive (aws-neuron-sdk
+nki/deep-dives/mxfp-matmul.rst and its golden model src/mxfp-matmul/mx_cpu_utils.py:
+``quantize_mx_golden``, ``nc_matmul_mx_golden``, ``get_p_contiguous_scale``,
+``pack_mx_data_into_x4``); an implementation should follow that model.
 
 aws-neuron/aws-neuron-sdk nki/api/nki/isa/__init__.py (snapshot 81ce03ae) fixes the group
 (8 partitions x 4 elements), the block scale ``2**(floor(log2(amax)) - (Emax - 1))`` and the
 dtypes, but not: where each group's scale sits in ``dst_scale`` (nc_matmul_mx defers to
 quantize_mx's doc for "a special layout requirement" that depends on quadrants, and
 quantize_mx does not give it), which four values share a packed x4 element, nor the
-rounding and saturation of the fp8 cast. A kernel's result depends on all three, so an
-interpreter that guessed could pass kernels that fail on the device.
+rounding and saturation of the fp8 cast. A kernel's result depends on all three; the deep
+dive's golden model is the public source that settles them.
 """
 
 from __future__ import annotations
 
-from neuron_kernels.interpreter.errors import NotImplementedByInterpreter
+from neuron_kernels.interpreter.errors import not_implemented
 
 __all__ = ["quantize_mx", "nc_matmul_mx"]
-
-_OPEN = (
-    "the official docs leave its semantics open: the layout of the MX scale tile "
-    "(nc_matmul_mx refers to quantize_mx's doc, which does not give it), the order of the "
-    "four fp8 values in a packed x4 element, and the fp8 rounding/saturation; the "
-    "interpreter refuses rather than guess numbers the device may not produce"
-)
 
 
 def quantize_mx(dst, src, dst_scale, name=None):
     """Refused: see the module docstring."""
-    raise NotImplementedByInterpreter(f"nki.isa.quantize_mx: {_OPEN}")
+    raise not_implemented("nki.isa.quantize_mx")  # reason: interpreter/unimplemented.py
 
 
 def nc_matmul_mx(
@@ -41,4 +38,4 @@ def nc_matmul_mx(
     name=None,
 ):
     """Refused: see the module docstring."""
-    raise NotImplementedByInterpreter(f"nki.isa.nc_matmul_mx: {_OPEN}")
+    raise not_implemented("nki.isa.nc_matmul_mx")  # reason: interpreter/unimplemented.py

@@ -17,6 +17,7 @@ import numpy as np
 
 from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.enums import engine as Engine
+from neuron_kernels.interpreter.enums import enum_member
 from neuron_kernels.interpreter.enums import matmul_perf_mode as PerfMode
 from neuron_kernels.interpreter.instructions._common import OperandChecks
 from neuron_kernels.interpreter.tensor import (
@@ -199,8 +200,15 @@ def nc_matmul(
     check.flag("is_moving_onezero", is_moving_onezero)
     if accumulate is not None:
         accumulate = check.flag("accumulate", accumulate)
-    if not isinstance(perf_mode, PerfMode):
-        check.fail("perf_mode", "must be an nisa.matmul_perf_mode member", repr(perf_mode))
+    member = enum_member(PerfMode, perf_mode)
+    if member is None:
+        check.fail(
+            "perf_mode",
+            "must be an nisa.matmul_perf_mode member or its str value (as nki-library's "
+            "qkv_cte passes)",
+            repr(perf_mode),
+        )
+    perf_mode = member
     double_row = perf_mode is PerfMode.double_row
 
     # dtypes

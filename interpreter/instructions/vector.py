@@ -23,6 +23,7 @@ from neuron_kernels.interpreter.enums import reduce_cmd as ReduceCmd
 from neuron_kernels.interpreter.instructions._common import OperandChecks, apply_binary, apply_unary
 from neuron_kernels.interpreter.operators import OPERATORS, REDUCTION_ALIASES, Operator
 from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor
+from neuron_kernels.interpreter.values import nki_number
 
 __all__ = [
     "bn_aggr",
@@ -213,6 +214,7 @@ def memset(dst, value, engine=Engine.unknown, name=None):
         value, (int, float, np.integer, np.floating)
     ):
         check.fail("value", "must be a compile-time number", repr(value))
+    value = nki_number("nisa.memset", "value", value)  # rounded to 32 bits, then range-checked
     bounds = dtypes.value_range(dst.dtype)
     finite = not isinstance(value, (float, np.floating)) or np.isfinite(value)
     if bounds is not None and finite and not bounds[0] <= value <= bounds[1]:

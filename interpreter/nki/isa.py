@@ -31,6 +31,7 @@ from neuron_kernels.interpreter.instructions.gpsimd import (
 from neuron_kernels.interpreter.instructions.mx import nc_matmul_mx, quantize_mx
 from neuron_kernels.interpreter.instructions.scalar import activation, activation_reduce
 from neuron_kernels.interpreter.instructions.search import nc_find_index8, nonzero_with_count
+from neuron_kernels.interpreter.instructions.stream_shuffle import nc_stream_shuffle
 from neuron_kernels.interpreter.instructions.tensor_engine import nc_matmul, nc_transpose
 from neuron_kernels.interpreter.instructions.vector import (
     bn_aggr,
@@ -58,6 +59,7 @@ from neuron_kernels.interpreter.registers import (
     register_move,
     register_store,
 )
+from neuron_kernels.interpreter.unimplemented import UNIMPLEMENTED as _UNIMPLEMENTED
 
 # Deprecated engine constants, still used by older kernels.
 tensor_engine = engine.tensor
@@ -121,6 +123,7 @@ __all__ = [
     "nc_matmul_mx",
     "nc_find_index8",
     "nonzero_with_count",
+    "nc_stream_shuffle",
     "core_barrier",
     "sendrecv",
     "VirtualRegister",
@@ -130,25 +133,10 @@ __all__ = [
     "register_store",
 ]
 
-# APIs of NKI 0.6 the interpreter does not implement (they raise NotImplementedError).
-_KNOWN = {
-    "local_gather",
-    "nc_n_gather",
-    "nc_stream_shuffle",
-    "rng",
-    "dropout",
-    "set_rng_seed",
-    "rand_set_state",
-    "rand_get_state",
-    "rand2",
-    "sequence_bounds",
-    "dma_compute",
-    "nc_match_replace8",
-    "topk",
-}
+# Other names raise NotImplementedError; interpreter/unimplemented.py lists the NKI 0.6 ones and why.
 
 
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-    raise _not_implemented(f"nki.isa.{name}", known=name in _KNOWN)
+    raise _not_implemented(f"nki.isa.{name}", known=f"nki.isa.{name}" in _UNIMPLEMENTED)

@@ -23,6 +23,8 @@ from neuron_kernels.interpreter.memory import allocate as _allocate
 from neuron_kernels.interpreter.operators import OPERATORS as _OPERATORS
 from neuron_kernels.interpreter.tensor import DynamicSlice as _DynamicSlice
 from neuron_kernels.interpreter.tensor import MemoryRegion, NKIObject, NkiTensor
+from neuron_kernels.interpreter.unimplemented import UNIMPLEMENTED as _UNIMPLEMENTED
+from neuron_kernels.interpreter.values import nki_int
 
 # -- dtypes (strings, as DType = str in the API) ----------------------------------------
 DType = str
@@ -188,7 +190,14 @@ def ds(start, size):
 
 # -- loops: deprecated aliases of range() in NKI 0.6 ----------------------------------------
 def affine_range(start, stop=None, step=1):
-    return range(start, stop, step) if stop is not None else range(start)
+    """``range(start, stop, step)``; every bound an int32 (interpreter/values.py)."""
+    api = "nl.affine_range"
+    bounds = [
+        nki_int(api, arg, v)
+        for arg, v in (("start", start), ("stop", stop), ("step", step))
+        if v is not None
+    ]
+    return range(*bounds) if stop is not None else range(bounds[0])
 
 
 sequential_range = affine_range
@@ -258,19 +267,8 @@ matmul = _ops.matmul
 transpose = _ops.transpose
 broadcast_to = _ops.broadcast_to
 
-_KNOWN = {
-    "rand",
-    "random_seed",
-    "dropout",
-    "softmax",
-    "rms_norm",
-    "where",
-    "gather_flattened",
-    "expand_dims",
-}
-
 
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-    raise _not_implemented(f"nki.language.{name}", known=name in _KNOWN)
+    raise _not_implemented(f"nki.language.{name}", known=f"nki.language.{name}" in _UNIMPLEMENTED)

@@ -150,10 +150,10 @@ def _alloc(shape, dtype, buffer, view):
     p, free = shape[0], shape[1:]
     if view == "offset":
         dp = min(3, 128 - p)
-        base = nl.ndarray((p + dp, *free[:-1], free[-1] + 3), dtype, buffer=buf)
+        base = nl.ndarray((p + dp,) + free[:-1] + (free[-1] + 3,), dtype, buffer=buf)
         return base[dp : dp + p, ..., 2 : 2 + free[-1]]
     if view == "strided":
-        base = nl.ndarray((p, *free[:-1], 2 * free[-1]), dtype, buffer=buf)
+        base = nl.ndarray((p,) + free[:-1] + (2 * free[-1],), dtype, buffer=buf)
         return base[..., ::2]
     return nl.ndarray(shape, dtype, buffer=buf)
 
@@ -179,6 +179,28 @@ def _read_back(t, dtype):
     return out
 
 
+def _call(body, t):
+    """``body(*t)`` written without * unpacking (NKI has none), for up to 8 tiles."""
+    n = len(t)
+    assert n <= 8, n
+    if n == 1:
+        body(t[0])
+    elif n == 2:
+        body(t[0], t[1])
+    elif n == 3:
+        body(t[0], t[1], t[2])
+    elif n == 4:
+        body(t[0], t[1], t[2], t[3])
+    elif n == 5:
+        body(t[0], t[1], t[2], t[3], t[4])
+    elif n == 6:
+        body(t[0], t[1], t[2], t[3], t[4], t[5])
+    elif n == 7:
+        body(t[0], t[1], t[2], t[3], t[4], t[5], t[6])
+    else:
+        body(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7])
+
+
 def launch(body, ins, outs, *, target="trn2", precise_fp=None):
     """Run ``body(*in_tiles, *out_tiles)`` on chip; return the outputs as NumPy arrays."""
     ins, outs = list(ins), list(outs)
@@ -186,19 +208,28 @@ def launch(body, ins, outs, *, target="trn2", precise_fp=None):
     arrays = [np.ascontiguousarray(s.values) for s in ins]
     arrays += [np.ascontiguousarray(s.init) for s, init in zip(outs, has_init) if init]
 
-    def kernel(*hbm):
-        hbm = list(hbm)
-        tiles = [_place(hbm.pop(0), s.dtype, s.buffer, s.view) for s in ins]
-        out_tiles = []
-        for s, init in zip(outs, has_init):
-            if init:
-                out_tiles.append(_place(hbm.pop(0), s.dtype, s.buffer, s.view))
-            else:
-                out_tiles.append(_alloc(s.shape, s.dtype, s.buffer, s.view))
-        body(*tiles, *out_tiles)
-        return tuple(_read_back(t, s.dtype) for t, s in zip(out_tiles, outs))
+    n_ins = len(ins)
 
-    return list(run(kernel, tuple(arrays), target=target, precise_fp=precise_fp).outputs)
+    def kernel(hbm):  # NKI Python: no * unpacking, comprehensions or generators
+        tiles = []
+        for i in range(n_ins):
+            tiles.append(_place(hbm[i], ins[i].dtype, ins[i].buffer, ins[i].view))
+        next_input = n_ins
+        for j in range(len(outs)):
+            s = outs[j]
+            if has_init[j]:
+                tiles.append(_place(hbm[next_input], s.dtype, s.buffer, s.view))
+                next_input += 1
+            else:
+                tiles.append(_alloc(s.shape, s.dtype, s.buffer, s.view))
+        _call(body, tiles)
+        result = ()
+        for j in range(len(outs)):
+            result = result + (_read_back(tiles[n_ins + j], outs[j].dtype),)
+        return result
+
+    outputs = run(kernel, (tuple(arrays),), target=target, precise_fp=precise_fp).outputs
+    return list(outputs)
 
 
 def run_body(body, *, target="trn2"):
@@ -269,3 +300,12 @@ views = st.sampled_from([None, "offset", "strided"])
 
 def bf16(x):
     return np.asarray(x, dtype=ml_dtypes.bfloat16)
+
+
+def present(a=None, b=None, c=None, d=None, e=None, f=None):
+    """The given tiles of a body's trailing parameters, in order (NKI has no *args)."""
+    out = ()
+    for x in (a, b, c, d, e, f):
+        if x is not None:
+            out = out + (x,)
+    return out

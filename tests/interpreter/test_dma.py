@@ -127,15 +127,26 @@ def test_dma_copy_hwdge_with_a_trigger_engine():
     assert [i.attrs["trigger"] for i in r.trace] == ["sync", "scalar"]
 
 
-def _copy_kernel(src_buf, dst_buf, **kw):
+def _copy_kernel(
+    src_buf,
+    dst_buf,
+    dst_shape=(4, 4),
+    dst_dtype=nl.float32,
+    priority=None,
+    oob_mode=nisa.oob_mode.error,
+    dge_mode=nisa.dge_mode.unknown,
+    engine=nisa.engine.unknown,
+):
+    """A dma_copy kernel; every option spelled out (NKI has no ** unpacking)."""
+
     def kernel(x):
         src = x
         if src_buf != "hbm":
             src = nl.ndarray((4, 4), nl.float32, buffer=src_buf)
-        dst = nl.ndarray(
-            kw.pop("dst_shape", (4, 4)), kw.pop("dst_dtype", nl.float32), buffer=dst_buf
+        dst = nl.ndarray(dst_shape, dst_dtype, buffer=dst_buf)
+        nisa.dma_copy(
+            dst=dst, src=src, priority=priority, oob_mode=oob_mode, dge_mode=dge_mode, engine=engine
         )
-        nisa.dma_copy(dst=dst, src=src, **kw)
 
     return kernel
 
@@ -156,7 +167,7 @@ X = np.zeros((4, 4), np.float32)
             None,
         ),
         (_copy_kernel("hbm", nl.sbuf, dge_mode=nisa.dge_mode.hwdge), "trn1", "dge_mode", None),
-        (_copy_kernel("hbm", nl.sbuf, dge_mode=2), "trn2", "dge_mode", None),
+        (_copy_kernel("hbm", nl.sbuf, dge_mode="hwdge"), "trn2", "dge_mode", None),
         (_copy_kernel("hbm", nl.sbuf, engine=nisa.engine.sync), "trn2", "engine", None),
         (
             _copy_kernel("hbm", nl.sbuf, engine=nisa.engine.vector, dge_mode=nisa.dge_mode.hwdge),
@@ -221,7 +232,10 @@ def test_dma_transpose_matches_numpy(shape, perm, dtype, src_in):
         if src_in == "sbuf":
             src = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=src, src=x)
-        dst = nl.ndarray(tuple(x.shape[p] for p in perm), x.dtype, buffer=nl.sbuf)
+        dst_shape = ()
+        for p in perm:
+            dst_shape = dst_shape + (x.shape[p],)
+        dst = nl.ndarray(dst_shape, x.dtype, buffer=nl.sbuf)
         nisa.dma_transpose(dst=dst, src=src, axes=perm)
         out = nl.ndarray(dst.shape, x.dtype, buffer=nl.shared_hbm)
         nisa.dma_copy(dst=out, src=dst)
@@ -256,14 +270,21 @@ def _transpose_kernel(
     dst_dtype=None,
     src_buf="hbm",
     dst_buf=nl.sbuf,
-    **kw,
+    axes=None,
+    priority=None,
+    dge_mode=nisa.dge_mode.unknown,
+    oob_mode=nisa.oob_mode.error,
 ):
+    """A dma_transpose kernel; every option spelled out (NKI has no ** unpacking)."""
+
     def kernel(x):
         src = nl.ndarray(
             src_shape, src_dtype, buffer=nl.shared_hbm if src_buf == "hbm" else src_buf
         )
         dst = nl.ndarray(dst_shape, dst_dtype or src_dtype, buffer=dst_buf)
-        nisa.dma_transpose(dst=dst, src=src, **kw)
+        nisa.dma_transpose(
+            dst=dst, src=src, axes=axes, priority=priority, dge_mode=dge_mode, oob_mode=oob_mode
+        )
 
     return kernel
 

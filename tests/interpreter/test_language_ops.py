@@ -43,9 +43,21 @@ SETTINGS = settings(max_examples=25, deadline=None)
 def run_nl(fn, *arrays, target="trn2"):
     """``fn(*hbm_inputs)`` returns on-chip tiles; they come back as NumPy arrays."""
 
-    def kernel(*hbm):
+    n = len(arrays)
+
+    def kernel(hbm):  # a tuple of HBM tensors; NKI has no * unpacking, so arity by branch
+        if n == 0:
+            tiles = fn()
+        elif n == 1:
+            tiles = fn(hbm[0])
+        elif n == 2:
+            tiles = fn(hbm[0], hbm[1])
+        elif n == 3:
+            tiles = fn(hbm[0], hbm[1], hbm[2])
+        else:
+            tiles = fn(hbm[0], hbm[1], hbm[2], hbm[3])
         outs = []
-        for t in fn(*hbm[: len(arrays)]):
+        for t in tiles:
             if t.buffer == nl.psum:
                 t = nl.copy(t)
             o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
@@ -53,8 +65,9 @@ def run_nl(fn, *arrays, target="trn2"):
             outs.append(o)
         return tuple(outs)
 
+    assert n <= 4, n
     args = arrays or (np.zeros((1, 1), np.float32),)  # one unused argument when fn takes none
-    return list(run(kernel, args, target=target).outputs)
+    return list(run(kernel, (tuple(args),), target=target).outputs)
 
 
 def rng_values(seed, shape, dtype, lo=-4.0, hi=4.0):

@@ -61,9 +61,12 @@ def test_plain_subclass_inherits_fields_and_runs_post_init():
     assert "LIMIT" not in vars(Scaled(1)) and Scaled.LIMIT == 4  # ClassVar: not a field
 
 
-def test_unannotated_keyword_attributes_and_errors():
-    p = PlainToggle(1, tile=128)  # an attribute with no annotation
-    assert p.tile == 128 and p.y is False
+def test_undeclared_keywords_and_errors():
+    """The generated ``__init__`` takes the class's attributes and nothing else (guide, "Class
+    Support": ``def __init__(self, x = None, y = False)``)."""
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tile'"):
+        PlainToggle(1, tile=128)
+    p = PlainToggle(1)
     with pytest.raises(TypeError, match="positional"):
         PlainToggle(1, True, 3)
     with pytest.raises(TypeError, match="multiple values"):

@@ -41,6 +41,7 @@ from _compute_helpers import (
     make,
     nisa,
     nl,
+    present,
     random_values,
     round_to,
     stored,
@@ -166,7 +167,8 @@ def test_activation(shape, op, dts, scale, bias, target, psum, vws, seed):
     ins += [In(s_col, "float32")] if scale == "column" else []
     ins += [In(b_col, bias)] if bias in ("float32", "bfloat16") else []
 
-    def body(t, *rest):
+    def body(t, r0=None, r1=None, r2=None, r3=None, r4=None, r5=None):
+        rest = present(r0, r1, r2, r3, r4, r5)
         it = iter(rest[:-1])
         sc = next(it) if scale == "column" else (0.875 if scale == "scalar" else 1.0)
         bi = (

@@ -22,6 +22,50 @@ from neuron_kernels.interpreter import NkiValidationError, dtypes, nki, run
 
 nl, nisa = nki.language, nki.isa
 
+# Options of nc_matmul / nc_transpose with the stubs' defaults. Test kernels pass options
+# through these helpers, spelled out: NKI has no ** unpacking (interpreter/python_subset.py).
+MATMUL_OPTIONS = {
+    "is_stationary_onezero": False,
+    "is_moving_onezero": False,
+    "is_transpose": False,
+    "accumulate": None,
+    "tile_position": (),
+    "tile_size": (),
+    "perf_mode": nisa.matmul_perf_mode.none,
+    "name": None,
+}
+TRANSPOSE_OPTIONS = {"engine": nisa.engine.unknown, "name": None}
+
+
+def options(defaults, given):
+    """``defaults`` updated with ``given`` (host side: a typo is an error here)."""
+    unknown = set(given) - set(defaults)
+    assert not unknown, unknown
+    out = dict(defaults)
+    out.update(given)
+    return out
+
+
+def nc_matmul(dst, stationary, moving, o):
+    nisa.nc_matmul(
+        dst=dst,
+        stationary=stationary,
+        moving=moving,
+        is_stationary_onezero=o["is_stationary_onezero"],
+        is_moving_onezero=o["is_moving_onezero"],
+        is_transpose=o["is_transpose"],
+        accumulate=o["accumulate"],
+        tile_position=o["tile_position"],
+        tile_size=o["tile_size"],
+        perf_mode=o["perf_mode"],
+        name=o["name"],
+    )
+
+
+def nc_transpose(dst, data, o):
+    nisa.nc_transpose(dst=dst, data=data, engine=o["engine"], name=o["name"])
+
+
 NP = {
     "float32": np.float32,
     "bfloat16": ml_dtypes.bfloat16,
@@ -51,6 +95,7 @@ def assert_matmul_close(out, a64, b64, *, tiles=1, bf16_dst=False):
 
 def matmul_kernel(dst_dtype="float32", **kw):
     """One nc_matmul of HBM operands loaded into SBUF; returns dst (via SBUF)."""
+    o = options(MATMUL_OPTIONS, kw)
 
     def kernel(s, m):
         st_ = nl.ndarray(s.shape, s.dtype, buffer=nl.sbuf)
@@ -61,7 +106,7 @@ def matmul_kernel(dst_dtype="float32", **kw):
         if kw.get("perf_mode") == nisa.matmul_perf_mode.double_row:
             shape = (s.shape[2], m.shape[2])
         ps = nl.ndarray(shape, dst_dtype, buffer=nl.psum)
-        nisa.nc_matmul(dst=ps, stationary=st_, moving=mv, **kw)
+        nc_matmul(ps, st_, mv, o)
         sb = nl.ndarray(shape, dst_dtype, buffer=nl.sbuf)
         for c in range(0, shape[1], 2048):  # engines read at most 4K elements from PSUM
             w = min(2048, shape[1] - c)
@@ -152,8 +197,8 @@ def k_loop_kernel(accumulate_of, k_tiles, reuse_psum=False, n_out=1):
                 mv = nl.ndarray((128, N), b.dtype, buffer=nl.sbuf)
                 nisa.dma_copy(dst=s, src=a[k * 128 : (k + 1) * 128, :])
                 nisa.dma_copy(dst=mv, src=b[k * 128 : (k + 1) * 128, j * N : (j + 1) * N])
-                kw = {} if accumulate_of == None else {"accumulate": accumulate_of(k)}  # noqa: E711
-                nisa.nc_matmul(dst=ps, stationary=s, moving=mv, **kw)
+                accumulate = None if accumulate_of == None else accumulate_of(k)  # noqa: E711
+                nisa.nc_matmul(dst=ps, stationary=s, moving=mv, accumulate=accumulate)
             sb = nl.ndarray((M, N), nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=sb, src=ps)
             nisa.dma_copy(dst=out[:, j * N : (j + 1) * N], src=sb)
@@ -240,8 +285,8 @@ def _init_then_matmul(init, accumulate):
         ps = nl.ndarray((4, 16), nl.float32, buffer=nl.psum)
         if init == "memset":
             nisa.memset(dst=ps, value=100.0)
-        kw = {} if accumulate == "default" else {"accumulate": accumulate}
-        nisa.nc_matmul(dst=ps, stationary=s, moving=mv, **kw)
+        acc = None if accumulate == "default" else accumulate  # None: the stub's default
+        nisa.nc_matmul(dst=ps, stationary=s, moving=mv, accumulate=acc)
         sb = nl.ndarray((4, 16), nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=sb, src=ps)
         out = nl.ndarray((4, 16), nl.float32, buffer=nl.shared_hbm)
@@ -346,8 +391,8 @@ def transpose_kernel(
                 nisa.memset(dst=ident, value=0.0)
             nisa.nc_matmul(dst=dst, stationary=t, moving=ident, is_transpose=True)
         else:
-            kw = {} if engine == None else {"engine": engine}  # noqa: E711
-            nisa.nc_transpose(dst=dst, data=t, **kw)
+            eng = nisa.engine.unknown if engine == None else engine  # noqa: E711
+            nisa.nc_transpose(dst=dst, data=t, engine=eng)
         sb = nl.ndarray((f, p), dst_dtype, buffer=nl.sbuf)
         if target_dst == nl.psum:
             nisa.tensor_copy(dst=sb, src=dst)
@@ -426,6 +471,8 @@ def op_kernel(
     d_view=None,
     **kw,
 ):
+    o = options(MATMUL_OPTIONS, kw)
+
     def kernel():
         st_ = nl.ndarray(s[0], s[1], buffer=s[2])
         mv = nl.ndarray(m[0], m[1], buffer=m[2])
@@ -433,12 +480,8 @@ def op_kernel(
         for t in (st_, mv):
             if t.buffer == nl.sbuf:
                 nisa.memset(dst=t, value=0 if t.dtype == "int8" else 0.0)
-        nisa.nc_matmul(
-            dst=dst if d_view == None else d_view(dst),  # noqa: E711 (kernels may not use `is`)
-            stationary=st_,
-            moving=mv,
-            **kw,
-        )
+        # (== None: kernels may not use `is` on tensors)
+        nc_matmul(dst if d_view == None else d_view(dst), st_, mv, o)  # noqa: E711
 
     return kernel
 
@@ -698,10 +741,12 @@ def test_trn1_start_partition_rule():
 
 
 def tp_kernel(d_shape, d_dtype="float32", d_buf=nl.psum, data=((64, 64), "float32"), **kw):
+    o = options(TRANSPOSE_OPTIONS, kw)
+
     def kernel():
         t = nl.ndarray(data[0], data[1], buffer=nl.sbuf)
         nisa.memset(dst=t, value=0.0)
-        nisa.nc_transpose(dst=nl.ndarray(d_shape, d_dtype, buffer=d_buf), data=t, **kw)
+        nc_transpose(nl.ndarray(d_shape, d_dtype, buffer=d_buf), t, o)
 
     return kernel
 

@@ -36,6 +36,7 @@ from _compute_helpers import (
     nisa,
     nl,
     np_dtype,
+    present,
     random_values,
     round_to,
     run_body,
@@ -339,7 +340,8 @@ def test_tensor_tensor_int32_defaults_to_exact_gpsimd_and_vector_goes_through_fp
     b = np.array([[2, 1, 3, 100000]], dtype=np.int32)
     ops = ("add", "multiply", "subtract", "maximum", "greater")
 
-    def body(x, y, *outs):
+    def body(x, y, r0=None, r1=None, r2=None, r3=None, r4=None, r5=None):
+        outs = present(r0, r1, r2, r3, r4, r5)
         for op, o in zip(ops, outs[:5]):
             nisa.tensor_tensor(dst=o, data1=x, data2=y, op=getattr(nl, op))  # GpSimd (default)
         nisa.tensor_tensor(dst=outs[5], data1=x, data2=y, op=nl.add, engine=nisa.engine.vector)
@@ -540,9 +542,21 @@ def test_tensor_scalar_arithmetic(data, shape, op0, op1, rev, dts, psum, vws, on
             cols.append(col)
             ins.append(In(col, "float32", s[1] if not psum else "sbuf"))
 
-    def body(t, *rest):
-        it = iter(rest[:-1])
-        opnds = [None if s is None else (s[1] if s[0] == "scalar" else next(it)) for s in specs]
+    def body(t, a, b=None, c=None):  # data, then 0-2 column operands, then dst
+        rest = [a]
+        if b is not None:
+            rest.append(b)
+        if c is not None:
+            rest.append(c)
+        opnds, k = [], 0
+        for s in specs:
+            if s is None:
+                opnds.append(None)
+            elif s[0] == "scalar":
+                opnds.append(s[1])
+            else:
+                opnds.append(rest[k])
+                k += 1
         nisa.tensor_scalar(
             dst=rest[-1],
             data=t,
@@ -644,7 +658,8 @@ def test_tensor_scalar_bitvec(shape, dtype, op0, op1, column, seed):
     col = np.full((p, 1), imm, dtype=nd)
     ins = [In(x, dtype)] + ([In(col, dtype)] if column and op0 != "invert" else [])
 
-    def body(t, *rest):
+    def body(t, r0=None, r1=None, r2=None, r3=None, r4=None, r5=None):
+        rest = present(r0, r1, r2, r3, r4, r5)
         o0 = None if op0 == "invert" else (rest[0] if len(rest) == 2 else imm)
         nisa.tensor_scalar(
             dst=rest[-1],
@@ -796,7 +811,8 @@ def test_scalar_tensor_tensor(shape, ops, rev, column, dts, psum, vws, seed):
     if column:
         ins.append(In(col, column))
 
-    def body(t, u, *rest):
+    def body(t, u, r0=None, r1=None, r2=None, r3=None, r4=None, r5=None):
+        rest = present(r0, r1, r2, r3, r4, r5)
         nisa.scalar_tensor_tensor(
             dst=rest[-1],
             data=t,
@@ -993,7 +1009,8 @@ def test_tensor_scalar_reduce(shape, op0, rop, column, negate, dts, res_dtype, s
     col = stored(rng.uniform(0.9, 1.1, (p, 1)), "float32")
     ins = [In(x, dts[0])] + ([In(col, "float32")] if column and op0 != "abs" else [])
 
-    def body(t, *rest):
+    def body(t, r0=None, r1=None, r2=None, r3=None, r4=None, r5=None):
+        rest = present(r0, r1, r2, r3, r4, r5)
         o0 = None if op0 == "abs" else (rest[0] if len(rest) == 3 else 1.0)
         nisa.tensor_scalar_reduce(
             dst=rest[-2],
@@ -1214,7 +1231,8 @@ def test_tensor_scalar_cumulative(p, f, op0, op1, cmd, column, dtype, seed):
     imm0 = stored(rng.uniform(0.9, 1.1, (p, 1)), "float32")
     ins = [In(x, dtype)] + ([In(imm0, "float32")] if column else [])
 
-    def body(t, *rest):
+    def body(t, r0=None, r1=None, r2=None, r3=None, r4=None, r5=None):
+        rest = present(r0, r1, r2, r3, r4, r5)
         nisa.tensor_scalar_cumulative(
             dst=rest[-1],
             src=t,
@@ -1416,7 +1434,8 @@ def test_tensor_tensor_scan(p, f, ops, rev, initial, dts, psum, seed):
     ]
     ins += [In(init, initial)] if initial else []
 
-    def body(x, y, *rest):
+    def body(x, y, r0=None, r1=None, r2=None, r3=None, r4=None, r5=None):
+        rest = present(r0, r1, r2, r3, r4, r5)
         nisa.tensor_tensor_scan(
             dst=rest[-1],
             data0=x,
@@ -1482,7 +1501,8 @@ def test_tensor_copy_predicated(shape, dtype, pdtype, scalar_src, reverse, psum,
     ins = [In(pred, pdtype, "psum" if psum == "predicate" else "sbuf")]
     ins += [] if scalar_src else [In(src, dtype, "psum" if psum == "src" else "sbuf")]
 
-    def body(pr, *rest):
+    def body(pr, r0=None, r1=None, r2=None, r3=None, r4=None, r5=None):
+        rest = present(r0, r1, r2, r3, r4, r5)
         nisa.tensor_copy_predicated(
             dst=rest[-1], src=2.5 if scalar_src else rest[0], predicate=pr, reverse_pred=reverse
         )
@@ -1557,7 +1577,8 @@ def test_exponential(shape, column, cmd, dts, seed):
     m = stored(rng.uniform(-1, 1, (p, 1)), "float32")
     ins = [In(x, dts[0])] + ([In(m, "float32")] if column else [])
 
-    def body(t, *rest):
+    def body(t, r0=None, r1=None, r2=None, r3=None, r4=None, r5=None):
+        rest = present(r0, r1, r2, r3, r4, r5)
         nisa.exponential(
             dst=rest[-2],
             src=t,
@@ -1752,7 +1773,8 @@ def test_select_reduce(shape, pdtype, column, reverse, cmd, dts, psum, seed):
         In(x, dts[0], "psum" if psum == "on_true" else "sbuf"),
     ] + ([In(off, "float32")] if column else [])
 
-    def body(pr, t, *rest):
+    def body(pr, t, r0=None, r1=None, r2=None, r3=None, r4=None, r5=None):
+        rest = present(r0, r1, r2, r3, r4, r5)
         nisa.select_reduce(
             dst=rest[-2],
             predicate=pr,
