@@ -29,10 +29,10 @@ from neuron_kernels.kernels.rms_norm import (
     _TEST_PROBLEMS,
     RmsNormPlan,
     _load_weight,
-    _row_tiles,
     _weight_bytes,
     check_h,
     reference_fwd,
+    rows_plan,
     validate_common,
 )
 from neuron_kernels.kernels.spec import (
@@ -43,10 +43,12 @@ from neuron_kernels.kernels.spec import (
     ceil_div,
     dtype_name,
     register,
+    runner_lnc,
     tunable,
 )
+from neuron_kernels.kernels.tiling import tiled
 
-__all__ = ["SPEC", "RmsNormBwdConfig", "backward", "plan", "reference"]
+__all__ = ["SPEC", "RmsNormBwdConfig", "RmsNormBwdPlan", "plan", "reference", "rms_norm_bwd_kernel"]
 
 OP = "rms_norm_bwd"
 
@@ -89,18 +91,32 @@ class RmsNormBwdConfig(TunableConfig):
     )
 
 
-def plan(problem: dict, dtype: str, config: RmsNormBwdConfig, target: Target) -> RmsNormPlan:
+@dataclass(frozen=True)
+class RmsNormBwdPlan(RmsNormPlan):
+    """The backward's plan: where dw sums and which engines form the products.
+
+    At LNC > 1 each core sums dw over its own rows into its own fp32 row of the
+    ``[lnc, H]`` partials output (disjoint HBM bytes: no race); the op adds the rows in
+    core order in fp32 and rounds once (deterministic: the same order every run)."""
+
+    dw_in_psum: bool  # dw accumulates in PSUM across all row tiles
+    product_engine: str  # engine of the dy * w and dy * x products
+
+
+def plan(
+    problem: dict, dtype: str, config: RmsNormBwdConfig, target: Target, lnc: int = 1
+) -> RmsNormBwdPlan:
     """The backward tile plan: one pass when dy, x, dx and the fp32 g of a row tile fit
-    beside the resident weight, else two passes over H (dy and x re-read).
+    beside the resident weight, else two passes over H (dy and x re-read); the rows split
+    over ``lnc`` cores.
 
     Raises:
         LimitError: ``dw_reduce="psum"`` when dw needs more PSUM banks than the target has.
     """
-    rows, h, mode = problem["rows"], problem["h"], problem.get("casting_mode", "llama")
+    h = problem["h"]
     item = ITEMSIZE[dtype]
     w_item = 4  # offset + w stays fp32: g = dy * (offset + w) has no low-precision step
     chunk = min(config.h_chunk, h)
-    n_chunks = ceil_div(h, chunk)
     g = config.rows_per_partition
     pieces = ceil_div(h, target.gemm_moving_fmax)
     broadcast_bank = 1 if config.weight_broadcast == "tensor" else 0
@@ -126,25 +142,17 @@ def plan(problem: dict, dtype: str, config: RmsNormBwdConfig, target: Target) ->
     scratch = 3 * chunk * 4  # g * x, x * k + g, dy * x (fp32)
     one_pass = resident + scratch + 3 * g * h * item + h * 4  # dy, x, dx tiles; fp32 g row
     two_pass = one_pass > target.sbuf_usable_bytes
-    sbuf = resident + scratch + 3 * g * chunk * item + chunk * 4 if two_pass else one_pass
-    return RmsNormPlan(
-        rows=rows,
-        h=h,
-        casting_mode=mode,
-        pmax=target.pmax,
-        rows_per_partition=g,
-        h_chunk=chunk,
-        n_chunks=n_chunks,
+    return rows_plan(
+        RmsNormBwdPlan,
+        problem,
+        config,
+        target,
+        lnc,
         two_pass=two_pass,
-        weight_broadcast=config.weight_broadcast,
         weight_fp32=w_item == 4,
-        statistics="scalar",
-        normalize="scalar",
-        matmul_fmax=target.gemm_moving_fmax,
-        bn_fmax=target.bn_stats_fmax,
         dw_in_psum=in_psum,
         product_engine=config.product_engine,
-        sbuf_bytes=sbuf,
+        sbuf_bytes=resident + scratch + 3 * g * chunk * item + chunk * 4 if two_pass else one_pass,
         psum_banks=banks,
     )
 
@@ -189,8 +197,7 @@ def _dx_and_dw(dy_c, x_c, g_c, dx_c, k_col, r_col, dw, c0, first_rows, plan, p, 
         engine=_engine(plan.product_engine != "vector"),
     )
     fmax = plan.matmul_fmax
-    for m0 in range(0, cs, fmax):
-        ms = min(fmax, cs - m0)
+    for m0, ms in tiled(cs, fmax):
         piece = (c0 + m0) // fmax
         if plan.dw_in_psum:
             nisa.nc_matmul(
@@ -211,26 +218,56 @@ def _dx_and_dw(dy_c, x_c, g_c, dx_c, k_col, r_col, dw, c0, first_rows, plan, p, 
                 nisa.tensor_tensor(dst=acc, data1=acc, data2=part, op=nl.add)
 
 
+def _load_chunk(rows, tile, j, c0, cs, p, plan, dtype, name):
+    """Chunk ``c0 : c0 + cs`` of row ``j``: a view of the resident row tile (one pass), or
+    loaded from the HBM rows ``rows`` into a fresh tile (two passes)."""
+    if not plan.two_pass:
+        return tile[0:p, j, c0 : c0 + cs]
+    chunk = nl.ndarray((p, cs), dtype=dtype, buffer=nl.sbuf, name=name)
+    nisa.dma_copy(dst=chunk, src=rows[0:p, j, c0 : c0 + cs])
+    return chunk
+
+
 @nki.jit
-def backward(dy, x, w, rstd, plan, offset):
+def rms_norm_bwd_kernel(dy, x, w, rstd, plan, offset):
     """RMSNorm gradients for ``dy, x [N, H]``, ``w [H]`` (all one dtype) and the forward's
-    ``rstd [N]`` (fp32) in HBM. Returns ``dx [N, H]`` (x's dtype) and ``dw [H]`` (w's)."""
+    ``rstd [N]`` (fp32) in HBM. Returns ``dx [N, H]`` (x's dtype) and ``dw``: ``[H]`` in
+    w's dtype at LNC=1; at LNC > 1 the ``[lnc, H]`` fp32 partial sums, row ``c`` summed
+    over core ``c``'s rows (launched as ``rms_norm_bwd_kernel[plan.lnc]``; each core takes
+    ``plan.core_tiles[nl.program_id(0)]``; the op adds the rows, see :class:`RmsNormBwdPlan`)."""
     n, h = x.shape
     assert (n, h) == (plan.rows, plan.h), "rms_norm_bwd: the plan was made for other shapes"
+    assert nl.num_programs(0) == plan.lnc, "rms_norm_bwd: launch rms_norm_bwd_kernel[plan.lnc]"
     dx = nl.ndarray((n, h), dtype=x.dtype, buffer=nl.shared_hbm, name="dx")
-    dw_out = nl.ndarray((h,), dtype=w.dtype, buffer=nl.shared_hbm, name="dw")
+    core = nl.program_id(0)
+    if plan.lnc == 1:
+        dw_out = nl.ndarray((h,), dtype=w.dtype, buffer=nl.shared_hbm, name="dw")
+        dw_row = dw_out.reshape((1, h))
+    else:
+        dw_out = nl.ndarray((plan.lnc, h), dtype=nl.float32, buffer=nl.shared_hbm, name="dw")
+        dw_row = dw_out[core : core + 1, 0:h]
+    fmax = plan.matmul_fmax
+    pieces = tiled(h, fmax)
+    my_tiles = plan.core_tiles[core]
+    if len(my_tiles) == 0:  # fewer row tiles than cores: this core's partial is zero
+        for q0, qs in pieces:
+            zero = nl.ndarray((1, qs), dtype=nl.float32, buffer=nl.sbuf, name="dw_out")
+            nisa.memset(dst=zero, value=0.0)
+            nisa.dma_copy(dst=dw_row[0:1, q0 : q0 + qs], src=zero)
+        return dx, dw_out
     p_all = min(plan.pmax, n)
-    chunk, n_chunks, fmax = plan.h_chunk, plan.n_chunks, plan.matmul_fmax
+    chunks = tiled(h, plan.h_chunk)
+    n_chunks = len(chunks)
     w_eff = _load_weight(w, offset, plan, p_all, x.dtype)
     if plan.dw_in_psum:
         dw = []
-        for q in range((h + fmax - 1) // fmax):
+        for _ in pieces:
             dw.append(nl.ndarray((1, fmax), dtype=nl.float32, buffer=nl.psum, name="dw_psum"))
     else:
         dw = nl.ndarray((1, h), dtype=nl.float32, buffer=nl.sbuf, name="dw_acc")
 
     first_tile = True
-    for r0, p, g in _row_tiles(n, plan.pmax, plan.rows_per_partition):
+    for r0, p, g in my_tiles:
         dy_rows = dy[r0 : r0 + p * g, 0:h].reshape((p, g, h))
         x_rows = x[r0 : r0 + p * g, 0:h].reshape((p, g, h))
         dx_rows = dx[r0 : r0 + p * g, 0:h].reshape((p, g, h))
@@ -239,6 +276,7 @@ def backward(dy, x, w, rstd, plan, offset):
         # k = -r^2 * sum(g * x) / H, per row
         sums = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="sum_gx")
         k = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="k")
+        dyt = xt = dxt = None
         if not plan.two_pass:
             dyt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="dy_tile")
             xt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="x_tile")
@@ -249,17 +287,12 @@ def backward(dy, x, w, rstd, plan, offset):
             r_col = r[0:p, j : j + 1]
             if not plan.two_pass:
                 g_row = nl.ndarray((p, h), dtype=nl.float32, buffer=nl.sbuf, name="g_row")
-            for c in range(n_chunks):
-                c0 = c * chunk
-                cs = min(chunk, h - c0)
+            for c, (c0, cs) in enumerate(chunks):
+                dy_c = _load_chunk(dy_rows, dyt, j, c0, cs, p, plan, x.dtype, "dy_chunk")
+                x_c = _load_chunk(x_rows, xt, j, c0, cs, p, plan, x.dtype, "x_chunk")
                 if plan.two_pass:
-                    dy_c = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="dy_chunk")
-                    x_c = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="x_chunk")
-                    nisa.dma_copy(dst=dy_c, src=dy_rows[0:p, j, c0 : c0 + cs])
-                    nisa.dma_copy(dst=x_c, src=x_rows[0:p, j, c0 : c0 + cs])
                     g_c = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="g_chunk")
                 else:
-                    dy_c, x_c = dyt[0:p, j, c0 : c0 + cs], xt[0:p, j, c0 : c0 + cs]
                     g_c = g_row[0:p, c0 : c0 + cs]
                 _row_sum_gx(
                     dy_c,
@@ -278,21 +311,16 @@ def backward(dy, x, w, rstd, plan, offset):
             nisa.tensor_tensor(dst=k_col, data1=r_col, data2=r_col, op=nl.multiply)
             nisa.tensor_tensor(dst=k_col, data1=k_col, data2=sums[0:p, j : j + 1], op=nl.multiply)
             nisa.tensor_scalar(dst=k_col, data=k_col, op0=nl.multiply, operand0=-1.0 / h)
-            for c in range(n_chunks):
-                c0 = c * chunk
-                cs = min(chunk, h - c0)
-                if plan.two_pass:
-                    dy_c = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="dy_chunk")
-                    x_c = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="x_chunk")
-                    nisa.dma_copy(dst=dy_c, src=dy_rows[0:p, j, c0 : c0 + cs])
-                    nisa.dma_copy(dst=x_c, src=x_rows[0:p, j, c0 : c0 + cs])
+            for c0, cs in chunks:
+                dy_c = _load_chunk(dy_rows, dyt, j, c0, cs, p, plan, x.dtype, "dy_chunk")
+                x_c = _load_chunk(x_rows, xt, j, c0, cs, p, plan, x.dtype, "x_chunk")
+                if plan.two_pass:  # g again, from the re-read dy
                     g_c = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="g_chunk")
                     nisa.tensor_tensor(
                         dst=g_c, data1=dy_c, data2=w_eff[0:p, c0 : c0 + cs], op=nl.multiply
                     )
                     dx_c = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="dx_chunk")
                 else:
-                    dy_c, x_c = dyt[0:p, j, c0 : c0 + cs], xt[0:p, j, c0 : c0 + cs]
                     g_c = g_row[0:p, c0 : c0 + cs]
                     dx_c = dxt[0:p, j, c0 : c0 + cs]
                 _dx_and_dw(
@@ -304,14 +332,14 @@ def backward(dy, x, w, rstd, plan, offset):
             nisa.dma_copy(dst=dx_rows, src=dxt)
         first_tile = False
 
-    # dw rounds once to w's dtype, one matmul-width piece at a time.
-    dw_row = dw_out.reshape((1, h))
-    for q in range((h + fmax - 1) // fmax):
-        qs = min(fmax, h - q * fmax)
-        dw_low = nl.ndarray((1, qs), dtype=w.dtype, buffer=nl.sbuf, name="dw_out")
-        src = dw[q][0:1, 0:qs] if plan.dw_in_psum else dw[0:1, q * fmax : q * fmax + qs]
+    # dw rounds once to w's dtype (LNC=1), or this core's fp32 partial is written as it is,
+    # one matmul-width piece at a time.
+    out_dtype = w.dtype if plan.lnc == 1 else nl.float32
+    for q, (q0, qs) in enumerate(pieces):
+        dw_low = nl.ndarray((1, qs), dtype=out_dtype, buffer=nl.sbuf, name="dw_out")
+        src = dw[q][0:1, 0:qs] if plan.dw_in_psum else dw[0:1, q0 : q0 + qs]
         nisa.tensor_copy(dst=dw_low, src=src)
-        nisa.dma_copy(dst=dw_row[0:1, q * fmax : q * fmax + qs], src=dw_low)
+        nisa.dma_copy(dst=dw_row[0:1, q0 : q0 + qs], src=dw_low)
     return dx, dw_out
 
 
@@ -379,11 +407,15 @@ def run_kernels(
     if rows == 0 or h == 0:
         return reference(dy, x, weight, rstd, offset, casting_mode, upcast=False)
     tiles = check_h(
-        SPEC, problem(dy, x, weight, rstd, offset, casting_mode), dtype_name(x), config,
+        SPEC,
+        problem(dy, x, weight, rstd, offset, casting_mode),
+        dtype_name(x),
+        config,
         runner.target,
-    )  # fmt: skip
+        runner_lnc(runner),
+    )
     dx, dw = runner(
-        backward,
+        rms_norm_bwd_kernel[tiles.lnc],
         dy.reshape(rows, h).contiguous(),
         x.reshape(rows, h).contiguous(),
         weight.contiguous(),
@@ -391,6 +423,11 @@ def run_kernels(
         tiles,
         float(offset),
     )
+    if tiles.lnc > 1:  # the cores' fp32 partial sums, added in core order, rounded once
+        total = dw[0]
+        for c in range(1, tiles.lnc):
+            total = total + dw[c]
+        dw = total.to(weight.dtype)
     return dx.reshape(*batch, h), dw
 
 
@@ -442,7 +479,7 @@ SPEC = register(
         make_inputs=make_inputs,
         # As the forward's, but "large" within the backward's smaller largest H (fp32: 18171).
         test_problems={**_TEST_PROBLEMS, "large": {"rows": 130, "h": 16384}},
-        kernels=(backward,),
+        kernels=(rms_norm_bwd_kernel,),
         bad_inputs=_bad_inputs,
         budget_hints={
             "sbuf": "lower h_chunk or rows_per_partition",

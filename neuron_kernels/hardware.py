@@ -128,6 +128,25 @@ class Target:
     def has_dma_transpose(self) -> bool:  # [v3] "DMA transpose"
         return self.nc_version >= 3
 
+    def check_dma_transpose(self, op: str, arg: str, dtype: str, itemsize: int) -> None:
+        """Refuse a DMA transpose this target cannot run: none before NeuronCore-v3, and
+        only of 2-byte elements. [v3] "DMA transpose"; [isa] dma_transpose.
+
+        Raises:
+            LimitError: ``<op>: <arg> must not be 'dma' ...``, naming the target or dtype.
+        """
+        if not self.has_dma_transpose:
+            raise LimitError(
+                op, arg, f"must not be 'dma' on {self.name} (DMA transpose needs trn2+)", "dma"
+            )
+        if itemsize != 2:
+            raise LimitError(
+                op,
+                arg,
+                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
+                f"dma with {dtype}",
+            )
+
     @property
     def has_double_row(self) -> bool:  # FP8 double_row, v3/v4 [isa] nc_matmul
         return self.nc_version >= 3

@@ -15,7 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from neuron_kernels.errors import LimitError
-from neuron_kernels.kernels.spec import OpSpec
+from neuron_kernels.kernels.spec import OpSpec, runner_lnc
 from neuron_kernels.torch_ops import neuron_device, routing
 
 __all__ = [
@@ -138,7 +138,7 @@ def _host_op(spec: OpSpec, sig: inspect.Signature, bind, qualname: str):
             return spec.reference(*args, upcast=False)
         if device.type == "cpu" and routing.current_cpu_mode() == "interpret":
             runner = routing.cpu_runner()
-            choice = routing.select_config(spec, args, runner.target)
+            choice = routing.select_config(spec, args, runner.target, runner_lnc(runner))
             return spec.run_kernels(*args, config=choice.config, runner=runner)
         return spec.reference(*args, upcast=False)
 
@@ -163,7 +163,7 @@ def _host_op(spec: OpSpec, sig: inspect.Signature, bind, qualname: str):
         if routing.kernels_disabled():  # the rollback switch holds on the neuron device too
             return spec.reference(*args, upcast=False)
         runner = neuron_device.device_runner()
-        choice = routing.select_config(spec, args, runner.target)
+        choice = routing.select_config(spec, args, runner.target, runner_lnc(runner))
         return spec.run_kernels(*args, config=choice.config, runner=runner)
 
     op.register_kernel(neuron_device.device_key(), neuron_impl)
@@ -220,7 +220,7 @@ def _nki_op(spec: OpSpec, sig: inspect.Signature, bind, api):
         if not spec.mutates:  # an NKI kernel specializes on shapes: guard on them, statically
             args = tuple(_static(a) for a in args)
         runner = neuron_device.wrap_nki_runner(wrapped)
-        choice = routing.select_config(spec, args, runner.target)
+        choice = routing.select_config(spec, args, runner.target, runner_lnc(runner))
         return spec.run_kernels(*args, config=choice.config, runner=runner)
 
     body.__signature__ = sig

@@ -78,8 +78,11 @@ def call_jitted(kernel, *args, **kwargs):
 
 def device_runner() -> FunctionRunner:
     """The runner for ``neuron`` tensors without ``nki_op``: the jitted kernels, called
-    directly, planned for this node's target."""
-    return FunctionRunner(call_jitted, device_target())
+    directly, planned for this node's target and launched at its LNC
+    (:func:`~neuron_kernels.hardware.launch_lnc`: the variable, else torch-neuronx's logical
+    core count, else the target's default)."""
+    target = device_target()
+    return FunctionRunner(call_jitted, target, launch_lnc(target))
 
 
 def _check_operands(kernel, args, kwargs) -> None:
@@ -112,8 +115,24 @@ def wrap_nki_runner(wrapped: dict) -> FunctionRunner:
     target = device_target()
     lnc = launch_lnc(target)
 
+    def base(kernel):
+        """The kernel function under a jitted kernel or its ``kernel[grid]`` launch."""
+        return getattr(kernel, "fn", None) or getattr(kernel, "func", None) or kernel
+
+    by_function = {base(k): w for k, w in wrapped.items()}
+
     def launch(kernel, *args, **kwargs):
-        if kernel not in wrapped:
+        # run_kernels launches ``kernel[plan.lnc]``; wrap_nki was built on the kernel itself.
+        grid = getattr(kernel, "grid", None)
+        if grid and tuple(grid) != (lnc,):
+            raise LimitError(
+                "neuron_kernels.torch_ops",
+                "launch grid",
+                f"must be the node's LNC ({lnc},)",
+                tuple(grid),
+            )
+        kernel = base(kernel)
+        if kernel not in by_function:
             raise LimitError(
                 "neuron_kernels.torch_ops",
                 "kernel",
@@ -123,6 +142,6 @@ def wrap_nki_runner(wrapped: dict) -> FunctionRunner:
         _check_operands(kernel, args, kwargs)
         # The grid is a sequence: torch_neuronx's caller maps int over it (nki_hop.py
         # NKIHOPCaller.__getitem__), as its own kernels launch ``[(lnc,)]`` (grouped_mm.py).
-        return wrapped[kernel][(lnc,)](*args, **kwargs)
+        return by_function[kernel][(lnc,)](*args, **kwargs)
 
-    return FunctionRunner(launch, target)
+    return FunctionRunner(launch, target, lnc)

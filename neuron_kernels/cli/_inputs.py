@@ -13,7 +13,9 @@ __all__ = [
     "DTYPE_ALIASES",
     "HOST_MEMORY_SHARE",
     "op_problem",
+    "LNC_HELP",
     "host_memory_bytes",
+    "lnc",
     "output_path",
     "read_json_file",
     "target",
@@ -88,6 +90,32 @@ def target(flag_value: str | None, flag: str = "--target"):
         setting = flag if flag_value is not None else TARGET_ENV
         value = flag_value if flag_value is not None else os.environ.get(TARGET_ENV)
         raise UsageError(setting, value, exc.rule) from None
+
+
+LNC_HELP = (
+    "logical NeuronCore size of the launch, the cores the kernels split their work over: "
+    "1 or 2 on trn2/trn3, 1 on trn1 (default: NEURON_LOGICAL_NC_CONFIG, else the target's "
+    "default: trn2/trn3 2, trn1 1)"
+)
+
+
+def lnc(flag_value: str | None, tg, flag: str = "--lnc") -> int:
+    """The launch LNC of ``--lnc`` if given (an LNC ``tg`` has: trn1 1; trn2/trn3 1 or 2),
+    else the one a launch on ``tg`` uses (:func:`~neuron_kernels.hardware.launch_lnc`:
+    NEURON_LOGICAL_NC_CONFIG, else torch-neuronx's count, else the target's default); a
+    bad value is refused naming whichever the user set."""
+    from neuron_kernels.hardware import LNC_ENV, launch_lnc
+
+    choices = "|".join(str(c) for c in tg.lnc_choices)
+    if flag_value is None:
+        try:
+            return launch_lnc(tg)
+        except LimitError as exc:
+            raise UsageError(LNC_ENV, os.environ.get(LNC_ENV), exc.rule) from None
+    text = str(flag_value).strip()
+    if not text.isdigit() or int(text) not in tg.lnc_choices:
+        raise UsageError(flag, flag_value, f"must be an LNC {tg.name} has ({choices})")
+    return int(text)
 
 
 def read_json_file(flag: str, path: str, what: str = "a JSON object"):
