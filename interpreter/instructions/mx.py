@@ -10,7 +10,10 @@ Sources (aws-neuron/aws-neuron-sdk, snapshot 81ce03ae):
   axis that sit adjacent on the free axis ("pack groups of 4 free-dimension elements into a
   single MXFP_x4 element"); scales sit "in the quadrant from which the corresponding
   scaling group originated"; scale tiles are ``[P//8, F//4]`` when P <= 32 and ``[P, F//4]``
-  ("oversize required") when P > 32; quantize_mx has no FP4 output.
+  ("oversize required") when P > 32; quantize_mx has no FP4 output; its packed-scale
+  kernel shows a scale view may start at partition 4 of a quadrant and that quantize_mx
+  "requires that the input tile's free dimension contains exactly 4x as many elements as
+  the scale tile".
 - [gold] nki/deep-dives/src/mxfp-matmul/mx_cpu_utils.py, AWS's golden model:
   ``get_p_contiguous_scale`` (group i of 8 partitions at scale partition
   ``i // 4 * 32 + i % 4``), ``pack_mx_data_into_x4`` (value q of an element at byte q of a
@@ -64,52 +67,53 @@ def _needs_v4(check: OperandChecks) -> None:
 
 
 def scale_rows(p: int) -> np.ndarray:
-    """Scale-tile partition of each 8-partition group of a P-partition data tile ([gold]
-    ``get_p_contiguous_scale``: rows 0..3 of each 32-partition quadrant)."""
+    """Scale-tile partition (from the scale view's start) of each 8-partition group of a
+    P-partition data tile ([gold] ``get_p_contiguous_scale``: partitions 0..3 of each
+    32-partition quadrant; for P <= 32 that is simply groups 0..P//8-1)."""
     groups = np.arange(p // _GROUP_P)
-    if p <= _QUADRANT:
-        return groups
     return groups // 4 * _QUADRANT + groups % 4
 
 
-def _check_scale(check: OperandChecks, arg: str, scale, data_arg: str, data, p: int, f: int):
+def _check_scale(check, arg: str, scale, data_arg: str, data, p: int, f: int, exact: bool):
     """Scale dtype, shape and quadrant placement for a data tile of P partitions whose free
-    size (in x4 elements) is ``f``."""
+    size (in x4 elements) is ``f``. [dive] "Scales must be placed in the quadrant from which
+    the corresponding scaling group originated"; its packed-scale kernel
+    (``kernel_copy_strided_quantize_matmul_mx_packed_scale``) puts a second tensor's scales
+    at partitions 4..7 of each quadrant through a view starting at partition 4, so the rule
+    is per group, not the view's start."""
     if scale.dtype not in SCALE_DTYPES:
         check.fail(f"{arg} dtype", f"must be one of {', '.join(SCALE_DTYPES)}", scale.dtype)
-    need = p // _GROUP_P if p <= _QUADRANT else p  # [dive] allocation rule
+    rows = scale_rows(p)
+    need = int(rows[-1]) + 1
     if scale.partitions < need:
         check.fail(
             f"{arg} partition dimension",
-            f"must be >= {need} for a {p}-partition {data_arg} ([P//8] if P <= 32, else "
-            "[P]: scales sit in their group's quadrant)",
+            f"must be >= {need} for a {p}-partition {data_arg} (each group's scale at "
+            "partitions 0..3 of its quadrant)",
             scale.partitions,
             limit=need,
         )
-    if scale.elems_per_partition < f:
+    if (scale.elems_per_partition != f) if exact else (scale.elems_per_partition < f):
+        rule = "must equal" if exact else "must be >="
         check.fail(
             f"{arg} free size",
-            f"must be >= the {data_arg} free size ({f}): one scale per 4-element group",
+            f"{rule} the {data_arg} free size ({f}): one scale per 4-element group",
             scale.elems_per_partition,
             limit=f,
         )
     d_start = data._access().partition_start
     s_start = scale._access().partition_start
-    if p > _QUADRANT and s_start != d_start:
-        check.fail(
-            f"{arg} start partition",
-            f"must equal {data_arg}'s ({d_start}): scales sit in their group's quadrant",
-            s_start,
-        )
-    if p <= _QUADRANT and (
-        s_start // _QUADRANT != d_start // _QUADRANT
-        or (s_start + p // _GROUP_P - 1) // _QUADRANT != d_start // _QUADRANT
-    ):
+    data_quadrant = (d_start + _GROUP_P * np.arange(p // _GROUP_P)) // _QUADRANT
+    scale_quadrant = (s_start + rows) // _QUADRANT
+    bad = np.flatnonzero(data_quadrant != scale_quadrant)
+    if bad.size:
+        g = int(bad[0])
         check.fail(
             f"{arg} partitions",
-            f"must lie in {data_arg}'s quadrant (partitions {d_start // 32 * 32}.."
-            f"{d_start // 32 * 32 + 31})",
-            f"start {s_start}",
+            f"must put each group's scale in its {data_arg} quadrant: group {g} "
+            f"({data_arg} partitions {d_start + 8 * g}..{d_start + 8 * g + 7}) has its scale "
+            f"at partition {s_start + int(rows[g])}",
+            f"{arg} starting at partition {s_start}",
         )
 
 
@@ -152,7 +156,7 @@ def quantize_mx(dst, src, dst_scale, name=None):
             dst.elems_per_partition,
             limit=f // 4,
         )
-    _check_scale(check, "dst_scale", dst_scale, "src", src, p, f // 4)
+    _check_scale(check, "dst_scale", dst_scale, "src", src, p, f // 4, exact=True)
     if check.compute:
         x = _flat2d(src).astype(np.float64)
         if not np.isfinite(x).all():
@@ -261,8 +265,10 @@ def nc_matmul_mx(
             "must be row tiling only: column_size 128 and start_column 0",
             (tile_size, tile_position),
         )
-    _check_scale(check, "stationary_scale", stationary_scale, "stationary", stationary, k, m)
-    _check_scale(check, "moving_scale", moving_scale, "moving", moving, k, n)
+    _check_scale(
+        check, "stationary_scale", stationary_scale, "stationary", stationary, k, m, exact=False
+    )
+    _check_scale(check, "moving_scale", moving_scale, "moving", moving, k, n, exact=False)
     banks = max(1, -(-n * dst.itemsize // tg.psum_bank_bytes))
     _check_bank(check, dst, banks)
     state = dst._psum_state()

@@ -41,7 +41,8 @@ EMAX = {"float8_e4m3fn_x4": 8, "float8_e5m2_x4": 15}
 
 
 def hw_scale_row(group: int, p: int) -> int:
-    """Scale partition of 8-partition group ``group`` (golden model get_p_contiguous_scale)."""
+    """Scale partition of 8-partition group ``group`` (golden model get_p_contiguous_scale;
+    for P <= 32 the groups are simply rows 0..P//8-1)."""
     return group if p <= 32 else (group // 4) * 32 + group % 4
 
 
@@ -235,6 +236,15 @@ def test_quantize_mx_scales_of_a_small_tile_may_start_inside_its_quadrant():
     np.testing.assert_array_equal(scale, ref_quantize(x, "float8_e5m2_x4")[1])
 
 
+def test_quantize_mx_scales_may_pack_at_partition_4_of_each_quadrant():
+    """AWS's deep-dive kernel kernel_copy_strided_quantize_matmul_mx_packed_scale writes a
+    second tensor's scales through ``packed[4:, :]`` (partitions 4..7 of every quadrant)."""
+    x = _spread_magnitudes((128, 16), np.float32).astype(ml_dtypes.bfloat16)
+    _, scale = run(quantize_kernel, (x, "float8_e4m3fn_x4", 124, 4), target="trn3").outputs
+    rows = [hw_scale_row(g, 128) for g in range(16)]
+    np.testing.assert_array_equal(scale[rows], ref_quantize(x, "float8_e4m3fn_x4")[1])
+
+
 # -- nc_matmul_mx --------------------------------------------------------------------------
 
 
@@ -330,7 +340,7 @@ def test_quantize_mx_limits():
     assert "multiple of 32" in _q_fail(np.ones((48, 8), bf))
     assert "multiple of 4" in _q_fail(np.ones((32, 6), bf))
     assert "dst_scale partition dimension" in _q_fail(np.ones((64, 8), bf), scale_rows=8)
-    assert "dst_scale start partition" in _q_fail(np.ones((64, 8), bf), scale_start=32)
+    assert "group 0" in _q_fail(np.ones((64, 8), bf), scale_rows=64, scale_start=32)
     assert "quadrant" in _q_fail(np.ones((32, 8), bf), scale_rows=4, scale_start=30)
     nan = np.ones((32, 8), bf)
     nan[3, 3] = np.nan
