@@ -25,6 +25,18 @@ File format (version 1)::
       ]
     }
 
+Where results live (two layers, searched at every lookup):
+
+- the *user* folder: ``$NEURON_KERNELS_PERF_RESULTS`` if set, else
+  ``<user cache>/neuron-kernels/perf_results`` (``$XDG_CACHE_HOME``, else ``~/.cache``).
+  ``neuron-kernels autotune`` merges into it by default, so tuning never edits the
+  installed package (a wheel's site-packages, or a clone's tracked files);
+- the *shipped* folder: ``perf_results/`` inside the package. Only contributors write
+  there, with ``neuron-kernels autotune --write-shipped``.
+
+Precedence at lookup: a hardware entry beats a modeled one; within each kind, the user's
+entry beats the shipped one (:data:`LAYERS`).
+
 An entry applies only when every key matches: op, target, shape bucket, dtype, kernel
 hash, and for a modeled entry the cost-model version (``COST_MODEL_VERSION``) that ranked
 it. Every field is checked by type before use. A corrupt file, an entry of the wrong
@@ -58,8 +70,15 @@ __all__ = [
     "VERSION",
     "SOURCES",
     "PERF_RESULTS_ENV",
+    "KEY_FIELDS",
+    "LAYERS",
     "ConfigChoice",
+    "Merge",
+    "entry_key",
+    "merge_entry",
     "perf_results_dir",
+    "shipped_dir",
+    "user_dir",
     "results_path",
     "kernel_hash",
     "load_entries",
@@ -72,6 +91,12 @@ FORMAT = "neuron-kernels/perf-results"
 VERSION = 1
 SOURCES = ("modeled", "hardware")
 PERF_RESULTS_ENV = "NEURON_KERNELS_PERF_RESULTS"
+# What one entry is tuned for, besides op and target (the file): a call looks up the entry
+# whose fields equal its own. A new key field (e.g. the LNC) is one more name here and one
+# more item in :func:`call_key`.
+KEY_FIELDS = ("shape_bucket", "dtype")
+# Where the entries come from, in precedence order within one source (user before shipped).
+LAYERS = ("user", "shipped")
 
 _log = logging.getLogger(__name__)
 _said: set[tuple] = set()
@@ -93,23 +118,49 @@ def _log_once(key: tuple, message: str) -> None:
         _log.info(message)
 
 
-def perf_results_dir() -> Path:
-    """``$NEURON_KERNELS_PERF_RESULTS`` if set, else the ``perf_results/`` shipped with the package."""
+def shipped_dir() -> Path:
+    """The ``perf_results/`` shipped with the package (written only with ``--write-shipped``)."""
+    return Path(str(resources.files("neuron_kernels.perf_results")))
+
+
+def user_dir() -> Path:
+    """The user's results folder: ``$NEURON_KERNELS_PERF_RESULTS`` if set, else
+    ``<user cache>/neuron-kernels/perf_results``; layered over :func:`shipped_dir` at lookup."""
     env = os.environ.get(PERF_RESULTS_ENV)
     if env:
         path = Path(env)
-        if not path.is_dir():
-            what = "a file" if path.exists() else "missing"
+        if path.exists() and not path.is_dir():
             _warn_once(
                 ("env", env),
-                f"{PERF_RESULTS_ENV}={env} is {what}, not a folder; every op uses its default config",
+                f"{PERF_RESULTS_ENV}={env} is a file, not a folder; only the shipped configs apply",
             )
         return path
-    return Path(str(resources.files("neuron_kernels.perf_results")))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "neuron-kernels" / "perf_results"
+
+
+def layer_roots() -> list[tuple[str, Path]]:
+    """``[("user", folder), ("shipped", folder)]``: the folders a lookup reads, in order."""
+    return [("user", user_dir()), ("shipped", shipped_dir())]
+
+
+def perf_results_dir() -> Path:
+    """The folder the tuner writes by default: :func:`user_dir`."""
+    return user_dir()
 
 
 def results_path(op: str, target: str, root: Path | None = None) -> Path:
     return (root or perf_results_dir()) / target / f"{op}.json"
+
+
+def entry_key(entry: dict) -> tuple:
+    """The fields of ``entry`` that say which calls it serves (:data:`KEY_FIELDS`)."""
+    return tuple(entry[k] for k in KEY_FIELDS)
+
+
+def call_key(spec, problem: dict, dtype: str) -> tuple:
+    """The key a call with this problem and dtype looks up, in :data:`KEY_FIELDS` order."""
+    return (spec.shape_bucket(problem), dtype)
 
 
 HASHED_PACKAGES = ("neuron_kernels.kernels", "neuron_kernels.hardware")
@@ -129,6 +180,14 @@ class ConfigChoice:
     config: Any
     source: str  # "default", "modeled" or "hardware"
     entry: dict | None = None
+    path: Path | None = None  # the results file the entry came from
+    layer: str | None = None  # "user" or "shipped" (LAYERS)
+
+    def describe(self) -> str:
+        """Where the config came from, in words (``profile`` and ``doctor`` print it)."""
+        if self.entry is None:
+            return "the op's default config (no tuned entry applies)"
+        return f"the {self.layer} {self.source} entry in {self.path}"
 
 
 _ENTRY_FIELDS = {  # field: (types, required)
@@ -189,68 +248,142 @@ def load_entries(path: Path, op: str, target: str) -> list[dict]:
     return entries
 
 
-def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = None) -> ConfigChoice:
-    """The tuned config for (op, shape bucket, dtype, target), else the default."""
-    default = ConfigChoice(spec.config.default(), "default")
-    path = results_path(spec.name, target, root)
-    bucket = spec.shape_bucket(problem)
+def _fresh_entries(spec, path: Path, key: tuple, target: str, current: str) -> list[dict]:
+    """The entries of ``path`` for ``key`` tuned on this kernel (and, modeled, on this cost
+    model); a corrupt file or stale entries are said once, as warnings."""
+    label = " ".join(map(str, key))
     if not path.exists():
-        _log_once(
-            ("miss", str(path)), f"{path}: no tuned configs; {spec.name} uses its default config"
-        )
-        return default
+        _log_once(("miss", str(path)), f"{path}: no tuned configs for {spec.name}")
+        return []
     try:
         entries = load_entries(path, spec.name, target)
     except (OSError, ValueError) as exc:
         _warn_once(
             ("corrupt", str(path)),
-            f"{path} is unreadable ({exc}); {spec.name} uses its default config",
+            f"{path} is unreadable ({exc}); {spec.name} does not use its entries",
         )
-        return default
-    matches = [e for e in entries if e["shape_bucket"] == bucket and e["dtype"] == dtype]
+        return []
+    matches = [e for e in entries if entry_key(e) == key]
     if not matches:
-        _log_once(
-            ("miss", str(path), bucket, dtype),
-            f"{path}: no entry for {bucket} {dtype}; using the default",
-        )
-        return default
-    current = kernel_hash(spec)
+        _log_once(("miss", str(path), key), f"{path}: no entry for {label}")
+        return []
     fresh = [e for e in matches if e["kernel_hash"] == current]
     if not fresh:
         _warn_once(
-            ("stale", str(path), bucket, dtype),
-            f"{path}: the entry for {bucket} {dtype} was tuned for another version of the {spec.name} "
-            f"kernel ({matches[0]['kernel_hash']} != {current}); using the default config",
+            ("stale", str(path), key),
+            f"{path}: the entry for {label} was tuned for another version of the {spec.name} "
+            f"kernel ({matches[0]['kernel_hash']} != {current}); not used",
         )
-        return default
+        return []
     fresh_model = [
         e for e in fresh if e["source"] == "hardware" or e["model_version"] == COST_MODEL_VERSION
     ]
     if not fresh_model:
         _warn_once(
-            ("stale-model", str(path), bucket, dtype),
-            f"{path}: the entry for {bucket} {dtype} was ranked by cost model "
-            f"{fresh[0]['model_version']!r}, not the current {COST_MODEL_VERSION!r}; "
-            "using the default config",
+            ("stale-model", str(path), key),
+            f"{path}: the entry for {label} was ranked by cost model "
+            f"{fresh[0]['model_version']!r}, not the current {COST_MODEL_VERSION!r}; not used",
         )
-        return default
-    fresh = fresh_model
-    best = sorted(fresh, key=lambda e: SOURCES.index(e["source"]))[-1]  # hardware beats modeled
-    try:
-        config = spec.config.from_dict(best["config"])
-        spec.check(problem, dtype, config, target)
-    except (LimitError, TypeError) as exc:
-        _warn_once(
-            ("invalid", str(path), bucket, dtype),
-            f"{path}: the entry for {bucket} {dtype} is not usable here ({exc}); using the default config",
-        )
-        return default
-    return ConfigChoice(config, best["source"], best)
+    return fresh_model
 
 
-def write_entry(spec, entry: dict, target: str, root: Path | None = None) -> Path:
-    """Merge one entry into the op's file (replacing the one with the same bucket, dtype and
-    source, keeping every other); returns the file written.
+def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = None) -> ConfigChoice:
+    """The tuned config for (op, key, target), else the default.
+
+    Reads the user's folder and the shipped one (only ``root`` when given) and takes the
+    first usable entry in precedence order: hardware before modeled, and within each, the
+    user's before the shipped (:data:`LAYERS`). An entry the op's check refuses here is
+    said once and skipped."""
+    default = ConfigChoice(spec.config.default(), "default")
+    roots = [("user", root)] if root is not None else layer_roots()
+    key = call_key(spec, problem, dtype)
+    current = kernel_hash(spec)
+    candidates = []
+    for rank, (layer, folder) in enumerate(roots):
+        path = results_path(spec.name, target, folder)
+        for e in _fresh_entries(spec, path, key, target, current):
+            candidates.append((-SOURCES.index(e["source"]), rank, layer, path, e))
+    candidates.sort(key=lambda c: c[:2])  # hardware beats modeled; then user beats shipped
+    for _, _, layer, path, entry in candidates:
+        try:
+            config = spec.config.from_dict(entry["config"])
+            spec.check(problem, dtype, config, target)
+        except (LimitError, TypeError) as exc:
+            _warn_once(
+                ("invalid", str(path), key, entry["source"]),
+                f"{path}: the entry for {' '.join(map(str, key))} is not usable here ({exc}); "
+                "not used",
+            )
+            continue
+        return ConfigChoice(config, entry["source"], entry, path, layer)
+    return default
+
+
+MERGE_KEY = (*KEY_FIELDS, "source")  # one entry per key and source in a file
+# Fields two entries must share for their latencies to be compared.
+COMPARABLE_FIELDS = ("kernel_hash", "model_version")
+
+
+@dataclass(frozen=True)
+class Merge:
+    """What :func:`merge_entry` did: ``kept`` is ``"new"`` (no entry for the key, or the
+    new one is faster, or ``replace``) or ``"existing"`` (the stored one is faster)."""
+
+    path: Path
+    kept: str
+    previous: dict | None  # the stored entry for the same key, if there was one
+    why: str
+
+    def describe(self, entry: dict) -> str:
+        """One sentence for the tuner's output."""
+        label = " ".join(str(entry[k]) for k in MERGE_KEY)
+        return f"{label}: {self.why} ({self.path})"
+
+
+def _latency(e: dict | None):
+    value = (e or {}).get("metric", {}).get("latency_us")
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _decide(previous: dict | None, entry: dict, replace: bool) -> tuple[str, str]:
+    """("new" | "existing", why) for merging ``entry`` over ``previous``."""
+    if previous is None:
+        return "new", "added"
+    new_us, old_us = _latency(entry), _latency(previous)
+    old = f"{old_us:,.2f} us" if old_us is not None else "no latency"
+    new = f"{new_us:,.2f} us" if new_us is not None else "no latency"
+    unit = entry["source"]
+    if replace:
+        return "new", f"replaced the stored entry ({old} {unit}) with this run's ({new}), --replace"
+    comparable = all(previous.get(f) == entry.get(f) for f in COMPARABLE_FIELDS)
+    if not comparable:
+        return "new", "replaced the stored entry, tuned on another kernel or cost model"
+    if new_us is None or old_us is None:
+        return "new", "replaced the stored entry (a latency is missing, so none to compare)"
+    if new_us < old_us:
+        return "new", f"kept this run's entry ({new} {unit}), faster than the stored {old}"
+    return "existing", (
+        f"kept the stored entry ({old} {unit}, {previous.get('trials', '?')} trials); this "
+        f"run's best ({new}) is not faster (--replace stores it anyway)"
+    )
+
+
+def write_entry(
+    spec, entry: dict, target: str, root: Path | None = None, replace: bool = False
+) -> Path:
+    """:func:`merge_entry`, returning the file written."""
+    return merge_entry(spec, entry, target, root, replace).path
+
+
+def merge_entry(
+    spec, entry: dict, target: str, root: Path | None = None, replace: bool = False
+) -> Merge:
+    """Merge one entry into the op's file; every entry of another key or source is kept.
+
+    For the same key and source (:data:`MERGE_KEY`), the faster of the stored and the new
+    entry stays (a short run never loses a long run's better result), unless ``replace``
+    or the stored entry was tuned on another kernel or cost model; the returned
+    :class:`Merge` says which was kept.
 
     The read-merge-write holds an exclusive ``flock`` on the target's folder (concurrent
     tuners never lose each other's entries; no lock file is left behind), and the new file is written to a temporary file in
@@ -270,10 +403,18 @@ def write_entry(spec, entry: dict, target: str, root: Path | None = None) -> Pat
     try:
         fcntl.flock(folder, fcntl.LOCK_EX)
         entries = load_entries(path, spec.name, target) if path.exists() else []
-        key = (entry["shape_bucket"], entry["dtype"], entry["source"])
-        entries = [e for e in entries if (e["shape_bucket"], e["dtype"], e["source"]) != key]
+
+        def merge_key(e):
+            return tuple(e[k] for k in MERGE_KEY)
+
+        key = merge_key(entry)
+        previous = next((e for e in entries if merge_key(e) == key), None)
+        kept, why = _decide(previous, entry, replace)
+        if kept == "existing":
+            return Merge(path, kept, previous, why)
+        entries = [e for e in entries if merge_key(e) != key]
         entries.append(entry)
-        entries.sort(key=lambda e: (e["shape_bucket"], e["dtype"], e["source"]))
+        entries.sort(key=merge_key)
         doc = {
             "format": FORMAT,
             "version": VERSION,
@@ -294,4 +435,4 @@ def write_entry(spec, entry: dict, target: str, root: Path | None = None) -> Pat
             raise
     finally:
         os.close(folder)  # releases the lock
-    return path
+    return Merge(path, kept, previous, why)

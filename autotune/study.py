@@ -13,7 +13,9 @@ from what won next door instead of from scratch.
 ``jobs`` worker processes share the study through its storage
 (Optuna's distributed mode: each worker asks the storage for trials); a trial budget counts
 the trials of every worker. The best config per point is merged into
-``perf_results/<target>/<op>.json`` (:mod:`neuron_kernels.autotune.results`).
+``<results folder>/<target>/<op>.json`` (the user's folder unless told otherwise;
+:mod:`neuron_kernels.autotune.results`): the faster of it and the stored entry for the same
+key stays, unless ``replace``.
 """
 
 from __future__ import annotations
@@ -123,13 +125,16 @@ def warm_start_configs(
     refuses at ``point`` are left out, so no warm-start trial is spent on a known answer or
     a pruned config. An unreadable results file gives no warm start, never an error.
     """
-    path = results.results_path(spec.name, target, root)
-    if limit <= 0 or not path.exists():
+    if limit <= 0:
         return []
-    try:
-        entries = results.load_entries(path, spec.name, target)
-    except (OSError, ValueError):
-        return []
+    roots = [root] if root is not None else [folder for _, folder in results.layer_roots()]
+    entries = []
+    for folder in roots:
+        path = results.results_path(spec.name, target, folder)
+        try:
+            entries += results.load_entries(path, spec.name, target) if path.exists() else []
+        except (OSError, ValueError):
+            continue
     here = spec.shape_bucket(point.problem)
     current = results.kernel_hash(spec)
 
@@ -215,6 +220,7 @@ class PointResult:
     orphaned: int  # trials failed by the heartbeat (a dead worker)
     repeats: int = 0  # trials that proposed a measured config again (answered, not measured)
     written: Path | None = None
+    merge: results.Merge | None = None  # which entry the results file kept, and why
     extra: dict = field(default_factory=dict)
 
     @property
@@ -369,11 +375,14 @@ def tune(
     gate: Callable = gate_reason,
     heartbeat: tuple[int, int] | None = None,
     warm_start: bool = True,
+    replace: bool = False,
 ) -> list[PointResult]:
     """Tune ``spec`` at each point; returns one :class:`PointResult` per point (see module).
 
     ``warm_start`` enqueues, after the default, up to a quarter of the budget of configs
-    tuned at the op's nearest other shapes (read from ``results_root``).
+    tuned at the op's nearest other shapes (read from ``results_root``, else from the
+    user's and the shipped results). ``replace`` stores this run's best even when the stored
+    entry for the same key is faster (:func:`results.merge_entry`).
 
     ``backend`` is ``"model"``, ``"hardware"`` or an object with ``name``, ``source`` and
     ``measure(spec, problem, dtype, config)`` (tests pass synthetic ones; ``jobs`` 1 then).
@@ -445,9 +454,10 @@ def tune(
             bar.close()
         result = summarize(spec, study, point, source)
         if write and result.best_config is not None:
-            result.written = results.write_entry(
-                spec, _entry(spec, result, backend_label), target, results_root
+            result.merge = results.merge_entry(
+                spec, _entry(spec, result, backend_label), target, results_root, replace
             )
+            result.written = result.merge.path
         out.append(result)
     return out
 

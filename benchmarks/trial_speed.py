@@ -21,6 +21,35 @@ any modeled number, or the trace it is computed from, is caught.
 
 Before/after (best of 3 s per case, trn2, 2 shared cores under the other agents' load):
 see the table at the end of this docstring, filled in by the session that made the change.
+
+Issue 32 item 13 (trial memory), ``--repeat 1`` before (``--record``) and after (``--check``:
+every modeled number identical). Wall seconds on 2 cores shared with five other sessions
+(load average 8-12), so the two columns ran under different load; the paired single-trial
+times below ran side by side::
+
+    case                      before total s  after total s  instr
+    matmul-default                12.29          29.50       19328
+    matmul-stationary-b           28.11          62.21       45376
+    matmul-psum                   12.60          27.82       19328
+    matmul-dma-transpose           7.46          16.89       10048
+    matmul-transpose-pe-fp32       1.95           5.07        2400
+    flash-fwd                     16.17          42.47       19328
+    flash-fwd-causal               9.76          25.00       11104
+    rms_norm_bwd                   6.19          14.02        4072
+    fused_adamw_                   3.14           6.95        1531
+
+Peak RSS of one modeled trial (``ModelBackend.measure``, matmul 8192x28672x8192 bf16,
+default config, LNC=1, 535,808 traced instructions; ``/usr/bin/time -v``):
+before 5.47 GB, 5.23 GB of it at the end of the trace (of which the dead PSUM tiles'
+accumulation state: 3.76 GB, 1 byte per element of 28,672 [128, 512] and 114,688 [128, 128]
+fp32 tiles; and two copies of the all-zero 8192x28672 output, ~0.9 GB estimated); after 1.40 GB
+(1.11 GB at the end of the trace). Modeled latency 60,138.954 us both times (bit-identical).
+One trial at matmul 4096^3 bf16 default config, before and after run side by side under the
+same load: 62.11 s and 61.14 s wall (trace 51.03 / 50.06 s, schedule 11.00 / 11.05 s), peak RSS
+0.514 GB and 0.352 GB: the memory change does not change the speed. ``neuron-kernels autotune
+matmul --shape 4096x4096x4096 --trials 6 --jobs 2 --no-write --no-warm-start`` (own SQLite
+storage each), before and after started together: 7 trials in 460 s and in 385 s wall (0.9 and
+1.1 trials/min under that load; the 60/min goal assumes ~2 s per trial on idle cores).
 """
 
 from __future__ import annotations

@@ -441,12 +441,30 @@ def _convert_outputs(result, framework: str):
             return {k: convert(v) for k, v in item.items()}
         if not isinstance(item, NkiTensor):
             return item
+        if not item._storage.compute:
+            return _zeros_output(item, framework)
         array = item._read_raw()
         if framework == "torch":
             return _to_torch(array, item.dtype)
         return _to_host_dtype(array, item.dtype)
 
     return convert(result)
+
+
+def _zeros_output(item: NkiTensor, framework: str):
+    """A trace-only launch's output: zeros of the output's host dtype and shape, in
+    ``np.zeros`` memory (pages the OS maps on first write, so an unread full-size output
+    costs no resident memory; a 8192x28672 bf16 C was ~1 GB of copies before)."""
+    host = np.dtype(bool) if item.dtype == "bool_" else dtypes.storage_dtype(item.dtype, True)
+    if framework != "torch":
+        return np.zeros(item.shape, dtype=host)
+    import torch
+
+    if item.dtype in _TORCH_VIEW:
+        int_name = _TORCH_VIEW[item.dtype][0]
+        zeros = np.zeros(item.shape, dtype=int_name)
+        return torch.from_numpy(zeros).view(getattr(torch, item.dtype))
+    return torch.from_numpy(np.zeros(item.shape, dtype=host))
 
 
 def _param_names(fn, n: int) -> list[str]:

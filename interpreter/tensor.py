@@ -121,6 +121,7 @@ class Storage:
         "partition_elems",
         "bytes_per_partition",
         "on_chip",
+        "views",
     )
 
     def __init__(self, uid, shape, dtype, buffer, name, precise_fp, array=None, compute=True):
@@ -148,6 +149,7 @@ class Storage:
         self.first_use = -1
         self.last_use = -1
         self.written = False
+        self.views = 0  # live NkiTensor views (NkiTensor.__del__ releases psum_state at 0)
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -174,6 +176,7 @@ class NkiTensor(NKIObject):
     # -- construction --------------------------------------------------------------
     def _init_view(self, storage, shape, strides, offset, dtype, name):
         self._storage = storage
+        storage.views += 1
         self.shape = tuple(map(int, shape))
         self.strides = tuple(map(int, strides))
         self.offset = int(offset)
@@ -181,6 +184,24 @@ class NkiTensor(NKIObject):
         self.name = name or storage.name
         self._acc = None  # cached trace Access (views are immutable)
         self._indirect: Indirection | None = None  # .ap(vector_offset= / scalar_offset=)
+
+    def __del__(self) -> None:
+        # A PSUM tile none of whose views is left can never be read or written again: its
+        # per-element accumulation state (one byte per element, 64 KiB for a 2 KiB bank of
+        # 128 partitions) is released. The Storage itself stays (liveness, capacity check).
+        storage = self.__dict__.get("_storage")
+        if storage is not None:
+            storage.views -= 1
+            if storage.views == 0 and storage.on_chip:
+                storage.psum_state = None
+
+    def __copy__(self) -> NkiTensor:
+        # Through _init_view, so the copy is counted in Storage.views like any other view.
+        view = NkiTensor._make(
+            self._storage, self.shape, self.strides, self.offset, self.dtype, self.name
+        )
+        view._indirect = self._indirect
+        return view
 
     @classmethod
     def _make(cls, storage, shape, strides, offset, dtype=None, name=None) -> NkiTensor:

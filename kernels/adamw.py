@@ -533,7 +533,10 @@ def coefficients(
     cols[C_G2] = full * gated(math.sqrt(1.0 - beta2) * inv_scale, 0.0)
     cols[C_G2SQ] = full * gated((1.0 - beta2) * inv_scale * inv_scale, 0.0)
     cols[C_B2] = full * gated(torch.as_tensor(beta2, dtype=wide, device=device), 1.0)
-    cols[INV_BC2] = 1.0 / bc2
+    # Gated too: at state_steps == 0 (possible on a skipped step) bc2 is 0, and v * inf = NaN
+    # would reach the params through m * r * 0 (torch leaves every tensor untouched when
+    # found_inf is set, whatever the step; issue 32 item 8).
+    cols[INV_BC2] = full * gated(1.0 / bc2, 1.0)
     cols[TINY] = full * SQRT_FLOOR
     cols[EPS] = full * eps
     cols[NEG_STEP] = gated(-lr / bc1, 0.0) * full

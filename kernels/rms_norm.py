@@ -54,6 +54,7 @@ __all__ = [
     "CASTING_MODES",
     "FWD_SPEC",
     "RSQRT_MIN_INPUT",
+    "MIN_EPS",
     "SPEC",
     "RmsNormConfig",
     "RmsNormPlan",
@@ -71,6 +72,19 @@ CASTING_MODES = ("llama", "gemma", "none")
 # function table: rsqrt is valid on [2^-87, 2^97]). eps enters through the bias, so
 # eps >= this keeps every row, a zero row included, inside the valid range.
 RSQRT_MIN_INPUT = 2.0**-87
+# Overflowing rows (issue 32 item 8). fp32 holds mean squares up to FP32_MAX (~2^128), but
+# rsqrt's valid input stops at 2^97 and gives an invalid (NaN) output above it, so the mean
+# square is scaled by RSQRT_PRESCALE (exact: a power of two) into [.., 2^96] and rstd by
+# RSTD_RESCALE = sqrt(RSQRT_PRESCALE) back: every finite mean square gets its true rstd.
+# A row whose sum of squares overflows fp32 (|x| >~ 1e19) gets rstd = 0, so y = 0 (NaN where
+# x is inf): torch's result, which the reference mode and torch.nn.RMSNorm give, chosen over
+# the mathematically right +-w (that needs a per-row max pass over H on every call, for
+# inputs whose squares fp32 cannot hold). The bias eps * RSQRT_PRESCALE must stay in range,
+# so eps >= MIN_EPS.
+FP32_MAX = 3.4028234663852886e38
+RSQRT_PRESCALE = 2.0**-32
+RSTD_RESCALE = 2.0**-16
+MIN_EPS = RSQRT_MIN_INPUT / RSQRT_PRESCALE  # 2^-55
 
 
 @dataclass(frozen=True)
@@ -293,15 +307,29 @@ def _rstd(stats, eps_col, eps, plan, p, g, dtype):
     """[p, g] fp32 rstd from the per-row statistics, rsqrt(sum/H + eps) with eps as the
     bias, and the [p, g] fp32 factor that scales x (rstd rounded to x's dtype in "none")."""
     rstd = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="rstd")
+    finite = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="finite_ms")
     if plan.statistics == "scalar":
+        # eps_col holds eps * RSQRT_PRESCALE (see forward)
+        nisa.tensor_scalar(dst=finite, data=stats, op0=nl.less_equal, operand0=FP32_MAX)
+        safe = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="sumsq_finite")
+        nisa.tensor_scalar(dst=safe, data=stats, op0=nl.minimum, operand0=FP32_MAX)
         nisa.activation(
-            dst=rstd, op=nl.rsqrt, data=stats, bias=eps_col[0:p, 0:1], scale=1.0 / plan.h
+            dst=rstd,
+            op=nl.rsqrt,
+            data=safe,
+            bias=eps_col[0:p, 0:1],
+            scale=RSQRT_PRESCALE / plan.h,
         )
     elif plan.statistics == "scalar_gpsimd":
         ms = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="mean_sq")
         nisa.tensor_scalar(
             dst=ms, data=stats, op0=nl.multiply, operand0=1.0 / plan.h, op1=nl.add, operand1=eps
         )
+        nisa.tensor_scalar(dst=finite, data=ms, op0=nl.less_equal, operand0=FP32_MAX)
+        nisa.tensor_scalar(
+            dst=ms, data=ms, op0=nl.minimum, operand0=FP32_MAX, op1=nl.multiply,
+            operand1=RSQRT_PRESCALE,
+        )  # fmt: skip
         nisa.tensor_scalar(
             dst=rstd, data=ms, op0=nl.rsqrt, operand0=None, engine=nisa.engine.gpsimd
         )
@@ -316,9 +344,21 @@ def _rstd(stats, eps_col, eps, plan, p, g, dtype):
         nisa.tensor_tensor(dst=ms, data1=mean, data2=mean, op=nl.multiply)
         nisa.tensor_scalar(dst=ms, data=ms, op0=nl.add, operand0=eps)
         nisa.tensor_tensor(dst=ms, data1=ms, data2=var, op=nl.add)
+        # A row holding an inf has var NaN here (inf - inf): its whole row is NaN, not only
+        # the inf's position as in torch (a documented limit of this statistics path).
+        nisa.tensor_scalar(dst=finite, data=ms, op0=nl.less_equal, operand0=FP32_MAX)
+        nisa.tensor_scalar(
+            dst=ms, data=ms, op0=nl.minimum, operand0=FP32_MAX, op1=nl.multiply,
+            operand1=RSQRT_PRESCALE,
+        )  # fmt: skip
         nisa.tensor_scalar(
             dst=rstd, data=ms, op0=nl.rsqrt, operand0=None, engine=nisa.engine.gpsimd
         )
+    # rstd = rsqrt(ms * 2^-32) * 2^-16, and 0 where the mean square overflowed fp32
+    nisa.scalar_tensor_tensor(
+        dst=rstd, data=rstd, op0=nl.multiply, operand0=RSTD_RESCALE, op1=nl.multiply,
+        operand1=finite,
+    )  # fmt: skip
     if plan.casting_mode != "none":
         return rstd, rstd
     # Casting mode "none": rstd rounds to the input dtype before it scales x; the saved
@@ -368,7 +408,7 @@ def forward(x, w, plan, eps, offset):
     chunk, n_chunks = plan.h_chunk, plan.n_chunks
     w_eff = _load_weight(w, offset, plan, p_all, x.dtype)
     eps_col = nl.ndarray((p_all, 1), dtype=nl.float32, buffer=nl.sbuf, name="eps")
-    nisa.memset(dst=eps_col, value=eps)
+    nisa.memset(dst=eps_col, value=eps * RSQRT_PRESCALE)  # the scaled bias of _rstd
     slots = (h + plan.bn_fmax - 1) // plan.bn_fmax * 6
 
     for t, (r0, p, g) in enumerate(_row_tiles(n, plan.pmax, plan.rows_per_partition)):
@@ -484,14 +524,14 @@ def validate(x, weight, eps=1e-6, offset=0.0, casting_mode="llama", op=OP) -> No
     validate_common(op, x, weight, offset, casting_mode)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps):
         raise LimitError(op, "eps", "must be a finite float", repr(eps))
-    if eps < RSQRT_MIN_INPUT:
+    if eps < MIN_EPS:
         raise LimitError(
             op,
             "eps",
-            "must be >= 2**-87 (the rsqrt activation's smallest valid input; eps keeps a "
-            "zero row in range)",
+            "must be >= 2**-55 (eps * 2**-32 must be >= 2**-87, the rsqrt activation's "
+            "smallest valid input, so that a zero row stays in range)",
             eps,
-            limit=RSQRT_MIN_INPUT,
+            limit=MIN_EPS,
         )
 
 
@@ -536,14 +576,34 @@ def reference(x, weight, eps=1e-6, offset=0.0, casting_mode="llama", upcast: boo
 # -- launch from torch -----------------------------------------------------------------------
 
 
+def check_h(spec, problem: dict, dtype: str, config, target):
+    """``spec.check``, with an SBUF refusal said in the caller's terms: "H must be <= N for
+    dtype D" (N from :func:`largest_h` at this config), not the plan's internal fields."""
+    try:
+        return spec.check(problem, dtype, config, target)
+    except LimitError as exc:
+        if not exc.arg.startswith("SBUF"):
+            raise
+        most = largest_h(spec, dtype, problem.get("casting_mode", "llama"), target, config)
+        raise LimitError(
+            spec.name,
+            "H (x.shape[-1])",
+            f"must be <= {most} for dtype {dtype} ({problem.get('casting_mode', 'llama')} "
+            f"casting) on {getattr(target, 'name', target)}: the row tile and the weight "
+            "must fit in SBUF",
+            problem["h"],
+            limit=most,
+        ) from None
+
+
 def _run_forward(x, weight, eps, offset, casting_mode, config, runner, spec):
     *batch, h = x.shape
     rows = math.prod(batch)
     if rows == 0 or h == 0:  # nothing to launch; rstd of an empty row is eps^-1/2, rounded once
         y, rstd = reference_fwd(x, weight, eps, offset, casting_mode, upcast=True)
         return y.to(x.dtype), rstd.float()
-    tiles = spec.check(
-        problem(x, weight, eps, offset, casting_mode), dtype_name(x), config, runner.target
+    tiles = check_h(
+        spec, problem(x, weight, eps, offset, casting_mode), dtype_name(x), config, runner.target
     )
     y, rstd = runner(
         forward,

@@ -31,6 +31,7 @@ from neuron_kernels.kernels.rms_norm import (
     _load_weight,
     _row_tiles,
     _weight_bytes,
+    check_h,
     reference_fwd,
     validate_common,
 )
@@ -377,9 +378,10 @@ def run_kernels(
     rows = math.prod(batch)
     if rows == 0 or h == 0:
         return reference(dy, x, weight, rstd, offset, casting_mode, upcast=False)
-    tiles = SPEC.check(
-        problem(dy, x, weight, rstd, offset, casting_mode), dtype_name(x), config, runner.target
-    )
+    tiles = check_h(
+        SPEC, problem(dy, x, weight, rstd, offset, casting_mode), dtype_name(x), config,
+        runner.target,
+    )  # fmt: skip
     dx, dw = runner(
         backward,
         dy.reshape(rows, h).contiguous(),

@@ -20,7 +20,17 @@ _CHOICES = ("auto", "interpreter", "nki")
 
 
 class BackendError(ImportError):
-    """The requested NKI backend cannot be used."""
+    """The requested NKI backend cannot be used.
+
+    Attributes:
+        setting: the environment variable (``NEURON_KERNELS_NKI``).
+        value: its value.
+        why: the rule it broke or what is missing, for a one-line CLI error.
+    """
+
+    def __init__(self, message: str, value: str = "", why: str = "") -> None:
+        super().__init__(message)
+        self.setting, self.value, self.why = BACKEND_ENV, value, why or message
 
 
 def _official():
@@ -43,7 +53,8 @@ def resolve(choice: str | None = None):
         choice if choice is not None else os.environ.get(BACKEND_ENV, "auto")
     ).strip().lower() or "auto"
     if choice not in _CHOICES:
-        raise BackendError(f"{BACKEND_ENV} must be one of {'|'.join(_CHOICES)}, got {choice!r}")
+        rule = f"must be one of {'|'.join(_CHOICES)}"
+        raise BackendError(f"{BACKEND_ENV} {rule}, got {choice!r}", choice, rule)
     if choice == "interpreter":
         return ("interpreter", *_interpreter())
     official = _official()
@@ -53,7 +64,10 @@ def resolve(choice: str | None = None):
         raise BackendError(
             f"{BACKEND_ENV}=nki, but the 'nki' package is not installed. It comes from AWS's Neuron "
             "package repository on Trn2/Trn3 nodes: pip install 'neuron-kernels[neuron]' "
-            "--extra-index-url https://pip.repos.neuron.amazonaws.com"
+            "--extra-index-url https://pip.repos.neuron.amazonaws.com",
+            choice,
+            "the 'nki' package is not installed (pip install 'neuron-kernels[neuron]' "
+            "--extra-index-url https://pip.repos.neuron.amazonaws.com), or use auto",
         )
     return ("interpreter", *_interpreter())
 

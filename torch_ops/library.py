@@ -11,11 +11,13 @@ from __future__ import annotations
 import inspect
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
+from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels.spec import OpSpec
 from neuron_kernels.torch_ops import neuron_device, routing
 
-__all__ = ["NAMESPACE", "register_op", "op_signature"]
+__all__ = ["NAMESPACE", "TracedLimitError", "register_op", "op_signature"]
 
 NAMESPACE = "neuron"
 _REGISTERED: dict[str, object] = {}
@@ -27,9 +29,15 @@ def _register_composite(spec: OpSpec, sig: inspect.Signature, bind):
     (``spec.composite``): their autograd, fake impls and device routing apply; the input
     check is this op's own, so errors name it."""
 
+    names = list(sig.parameters)
+
     def composite_impl(*args, **kwargs):
         args = bind(args, kwargs)
-        spec.validate(*args)
+        _check_dense(spec, names, args)
+        if any(isinstance(t, FakeTensor) for t in _tensors(args)):  # traced by torch.compile
+            _validate_traced(spec, args)
+        else:
+            spec.validate(*args)
         return spec.composite(*args)
 
     composite_impl.__signature__ = sig
@@ -65,6 +73,43 @@ def _tensors(args):
     return out
 
 
+class TracedLimitError(LimitError, IndexError):
+    """A :class:`LimitError` raised while ``torch.compile`` (Dynamo) traces an op on fake
+    tensors: the same fields and one-line message, the original as ``__cause__``.
+
+    Dynamo wraps an exception from a fake impl into a many-line ``TorchRuntimeError`` (the
+    LimitError only inside its text); since PyTorch 2.13 it re-raises an ``IndexError`` from
+    a fake run unwrapped (``torch/_dynamo/utils.py``, ``run_node``), so this subclass of both
+    reaches the caller as the LimitError it is (``except LimitError`` and ``ValueError``
+    still catch it). On older PyTorch the user sees Dynamo's wrapper, as before."""
+
+    @classmethod
+    def of(cls, exc: LimitError) -> TracedLimitError:
+        return cls(exc.op, exc.arg, exc.rule, exc.value, limit=exc.limit, hint=exc.hint)
+
+
+def _check_dense(spec: OpSpec, names: list, args: tuple) -> None:
+    """Sparse (or other non-strided) tensors are refused in every mode, before any work: the
+    kernels read strided memory, and reference math taking them would make the two CPU
+    modes disagree on the same call."""
+    for name, value in zip(names, args):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for i, t in enumerate(items):
+            if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+                arg = f"{name}[{i}]" if isinstance(value, (list, tuple)) else name
+                raise LimitError(spec.name, arg, "must be a dense (strided) tensor", t.layout)
+
+
+def _validate_traced(spec: OpSpec, args: tuple) -> None:
+    """``spec.validate`` in a fake impl: a refusal is a :class:`TracedLimitError`."""
+    try:
+        spec.validate(*args)
+    except TracedLimitError:
+        raise
+    except LimitError as exc:
+        raise TracedLimitError.of(exc) from exc
+
+
 def register_op(spec: OpSpec):
     """Create ``torch.ops.neuron.<spec.name>`` (idempotent)."""
     if spec.name in _REGISTERED:
@@ -79,8 +124,11 @@ def register_op(spec: OpSpec):
     if spec.composite is not None:
         return _register_composite(spec, sig, bind)
 
+    arg_names = list(sig.parameters)
+
     def default_impl(*args, **kwargs):
         args = bind(args, kwargs)
+        _check_dense(spec, arg_names, args)
         spec.validate(*args)
         tensors = _tensors(args)
         if not tensors:  # e.g. empty tensor lists: nothing to compute, no device to pick
@@ -103,7 +151,7 @@ def register_op(spec: OpSpec):
 
     def fake_impl(*args, **kwargs):
         args = bind(args, kwargs)
-        spec.validate(*args)
+        _validate_traced(spec, args)
         if spec.mutates:  # an in-place op returns nothing
             return None
         device = _tensors(args)[0].device
@@ -117,6 +165,7 @@ def register_op(spec: OpSpec):
 
     def neuron_impl(*args, **kwargs):
         args = bind(args, kwargs)
+        _check_dense(spec, arg_names, args)
         spec.validate(*args)
         if routing.kernels_disabled():  # the rollback switch holds on the neuron device too
             return spec.reference(*args, upcast=False)

@@ -130,9 +130,11 @@ class RMSNorm(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = len(self.normalized_shape)
         if tuple(x.shape[x.dim() - k :]) != self.normalized_shape:
-            raise ValueError(
-                f"RMSNorm: input's last dims must be {list(self.normalized_shape)}, "
-                f"got shape {list(x.shape)}"
+            raise LimitError(  # a ValueError too, as torch.nn.RMSNorm's shape errors are
+                "RMSNorm",
+                "input's last dims",
+                f"must be normalized_shape {list(self.normalized_shape)}",
+                list(x.shape),
             )
         # torch's eps=None: the epsilon of the dtype it computes in (fp32 for 2-byte inputs).
         opmath = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype

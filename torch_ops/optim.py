@@ -22,15 +22,38 @@ param is its rounding, so bf16 training follows the fp32 trajectory.
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 
 import torch
 
+from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels import adamw
 
 __all__ = ["FusedAdamW"]
 
 MASTER = "master_param"
+
+
+_POSITION = re.compile(r"^(\w+)\[(\d+)\](.*)$")
+_POSITION_IN_RULE = re.compile(r"(\w+)\[(\d+)\]")
+
+
+def _in_user_terms(exc: LimitError, where: list) -> LimitError:
+    """``exc`` with a position inside one (device, dtype) bucket (``grads[1]``) said as the
+    user's: the param group and the index in its ``params``."""
+    match = _POSITION.match(exc.arg)
+    if not match or int(match.group(2)) >= len(where):
+        return exc
+    group, index = where[int(match.group(2))]
+    arg = f"{match.group(1)} of param_groups[{group}]['params'][{index}]{match.group(3)}"
+
+    def in_rule(m):
+        i = int(m.group(2))
+        return f"{m.group(1)} of param {where[i][1]}" if i < len(where) else m.group(0)
+
+    rule = _POSITION_IN_RULE.sub(in_rule, exc.rule)
+    return LimitError("FusedAdamW.step", arg, rule, exc.value, limit=exc.limit, hint=exc.hint)
 
 
 def _check_hyperparameters(lr, betas, eps, weight_decay) -> None:
@@ -169,9 +192,9 @@ class FusedAdamW(torch.optim.Optimizer):
     def _buckets(self) -> list[tuple[dict, dict]]:
         """Per param group, the tensors with a gradient grouped by (device, dtype)."""
         out = []
-        for group in self.param_groups:
+        for group_index, group in enumerate(self.param_groups):
             buckets: dict = defaultdict(lambda: defaultdict(list))
-            for p in group["params"]:
+            for index, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
@@ -180,6 +203,7 @@ class FusedAdamW(torch.optim.Optimizer):
                 b = buckets[(p.device, p.dtype)]
                 master = state.get(MASTER) if group["master_weights"] else None
                 b["params"].append(p)
+                b["where"].append((group_index, index))
                 b["targets"].append(master if master is not None else p)
                 b["masters"].append(master)
                 b["grads"].append(p.grad)
@@ -200,6 +224,29 @@ class FusedAdamW(torch.optim.Optimizer):
                 loss = closure()
         grad_scale = getattr(self, "grad_scale", None)  # set by GradScaler.step
         found_inf = getattr(self, "found_inf", None)
+        had_state = {id(p) for p in self.state}
+        try:
+            calls = self._checked_calls(grad_scale, found_inf)
+        except Exception:
+            # A refused step changes nothing: not even the state it began to create.
+            for p in [p for p in self.state if id(p) not in had_state]:
+                del self.state[p]
+            raise
+        for b, lists, kwargs in calls:
+            steps = b["state_steps"]
+            torch._foreach_add_(steps, 1)  # the caller's side, as torch's fused AdamW
+            torch.ops.neuron.fused_adamw_(*lists, **kwargs)
+            if kwargs["found_inf"] is not None:  # a skipped step does not count
+                torch._foreach_sub_(steps, [kwargs["found_inf"].reshape(())] * len(steps))
+            masters = [(p, m) for p, m in zip(b["params"], b["masters"]) if m is not None]
+            if masters:
+                torch._foreach_copy_([p for p, _ in masters], [m for _, m in masters])
+        return loss
+
+    def _checked_calls(self, grad_scale, found_inf) -> list:
+        """(bucket, tensor lists, kwargs) of every fused_adamw_ call of this step, each
+        checked before the first one touches a tensor; a refusal names the user's param
+        group and index, not a position inside an internal (device, dtype) bucket."""
         calls = []
         for group, b in self._buckets():
             _check_hyperparameters(group["lr"], group["betas"], group["eps"], group["weight_decay"])
@@ -224,16 +271,9 @@ class FusedAdamW(torch.optim.Optimizer):
                 b["targets"], b["grads"], b["exp_avgs"], b["exp_avg_sqs"],
                 b["max_exp_avg_sqs"], b["state_steps"],
             )  # fmt: skip
-            # Every call is checked before the first one touches a tensor.
-            adamw.validate(*lists, *kwargs.values())
+            try:
+                adamw.validate(*lists, *kwargs.values())
+            except LimitError as exc:
+                raise _in_user_terms(exc, b["where"]) from None
             calls.append((b, lists, kwargs))
-        for b, lists, kwargs in calls:
-            steps = b["state_steps"]
-            torch._foreach_add_(steps, 1)  # the caller's side, as torch's fused AdamW
-            torch.ops.neuron.fused_adamw_(*lists, **kwargs)
-            if kwargs["found_inf"] is not None:  # a skipped step does not count
-                torch._foreach_sub_(steps, [kwargs["found_inf"].reshape(())] * len(steps))
-            masters = [(p, m) for p, m in zip(b["params"], b["masters"]) if m is not None]
-            if masters:
-                torch._foreach_copy_([p for p, _ in masters], [m for _, m in masters])
-        return loss
+        return calls

@@ -20,7 +20,7 @@ __all__ = ["SUBCOMMANDS", "UsageError", "build_parser", "main"]
 SUBCOMMANDS = {
     "demo": (
         "neuron_kernels.cli.demo",
-        "run an NKI kernel on the interpreter and check its result",
+        "run every op's NKI kernels on the interpreter, in each dtype, against fp64 references",
     ),
     "profile": ("neuron_kernels.cli.profile", "modeled profile of an op on a target (cost model)"),
     "calibrate": (
@@ -93,12 +93,48 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+# Subcommands that run without the NKI backend (they report it instead of using it).
+RUN_WITHOUT_BACKEND = ("doctor",)
+
+
+def _backend_refusal(command: str | None) -> str | None:
+    """The one-line error when ``NEURON_KERNELS_NKI`` kept the ops from loading (see
+    ``neuron_kernels.BACKEND_ERROR``) and ``command`` needs them, else None."""
+    import neuron_kernels
+
+    error = neuron_kernels.BACKEND_ERROR
+    if error is None or command not in SUBCOMMANDS or command in RUN_WITHOUT_BACKEND:
+        return None
+    return str(
+        UsageError(error.setting, error.value, f"{error.why} (neuron-kernels doctor says more)")
+    )
+
+
+def _check_interpreter_settings() -> None:
+    """The interpreter's environment settings (``NKI_PRECISE_FP``), refused in one line before
+    any kernel runs, instead of a traceback from the first store."""
+    from neuron_kernels.errors import LimitError
+    from neuron_kernels.interpreter.dtypes import PRECISE_FP_ENV, precise_fp_from_env
+
+    try:
+        precise_fp_from_env()
+    except LimitError as exc:
+        raise UsageError(PRECISE_FP_ENV, os.environ.get(PRECISE_FP_ENV), exc.rule) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _attach_negative_values(sys.argv[1:] if argv is None else list(argv))
     command = next((a for a in argv if not a.startswith("-")), None)
+    prog = f"neuron-kernels {command}"
+    refused = _backend_refusal(command)
+    if refused:
+        print(f"{prog}: error: {refused}", file=sys.stderr)
+        return EXIT_USAGE
     args = build_parser(command).parse_args(argv)
     prog = f"neuron-kernels {args.command}"
     try:
+        if args.command not in RUN_WITHOUT_BACKEND:
+            _check_interpreter_settings()
         return int(importlib.import_module(args._module).main(args) or 0)
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -11,6 +11,8 @@ from neuron_kernels.errors import LimitError
 
 __all__ = [
     "DTYPE_ALIASES",
+    "HOST_MEMORY_SHARE",
+    "op_problem",
     "host_memory_bytes",
     "output_path",
     "read_json_file",
@@ -24,6 +26,53 @@ DTYPE_ALIASES = {
     "fp16": "float16",
     "f16": "float16",
 }
+
+
+# A run builds the op's inputs in host memory; more than this share of what is available is
+# refused before anything is allocated (the rest is for the interpreter's own buffers).
+HOST_MEMORY_SHARE = 0.5
+
+
+def op_problem(spec, setting: str, text: str, dtype: str) -> dict:
+    """The problem of shape ``text`` in ``dtype`` as the op itself sees it at call time, or a
+    :class:`UsageError` naming ``setting`` and ``text``: parsed, its inputs built on the meta
+    device (nothing allocated) and passed through the op's own ``validate``, no size changed
+    by building them (e.g. attention's H rounded to a multiple of Hkv), and inputs and
+    outputs within :data:`HOST_MEMORY_SHARE` of the memory available here. ``profile``,
+    ``autotune`` and ``calibrate --fit`` read every shape through it."""
+    import torch
+
+    from neuron_kernels.kernels.spec import measure_generator
+
+    try:
+        parsed = spec.parse_shape(text)
+    except LimitError as exc:
+        raise UsageError(setting, text, exc.rule) from None
+    try:
+        with torch.device("meta"):
+            args = spec.make_inputs(parsed, dtype, measure_generator())
+        spec.validate(*args)
+        problem = spec.problem(*args)
+    except LimitError as exc:
+        raise UsageError(setting, text, f"{exc.arg} {exc.rule}, got {exc.value}") from None
+    for dim in spec.dims:
+        if problem.get(dim) != parsed.get(dim):
+            rule = "must be a multiple of hkv (H % Hkv == 0)" if dim == "h" else "is not valid"
+            raise UsageError(
+                setting,
+                text,
+                f"{dim} {rule}, got {parsed.get(dim)} ({spec.name}'s inputs at this shape "
+                f"have {dim} = {problem.get(dim)})",
+            )
+    need, have = spec.host_bytes(parsed, dtype), host_memory_bytes()
+    if need > HOST_MEMORY_SHARE * have:
+        raise UsageError(
+            setting,
+            text,
+            f"its {dtype} inputs and outputs take {need / 2**30:.1f} GiB of host memory, "
+            f"more than half of the {have / 2**30:.1f} GiB available here",
+        )
+    return problem
 
 
 def target(flag_value: str | None, flag: str = "--target"):
@@ -71,6 +120,8 @@ def output_path(flag: str, path: str | None) -> str | None:
         raise UsageError(flag, path, f"its folder {os.path.dirname(path) or '.'} does not exist")
     if not os.access(folder, os.W_OK):
         raise UsageError(flag, path, f"its folder {os.path.dirname(path) or '.'} is not writable")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise UsageError(flag, path, "exists and is not writable")
     return path
 
 

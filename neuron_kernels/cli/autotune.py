@@ -12,16 +12,22 @@ Every trial: the op's own check (rejected configs are pruned, with the reason), 
 correctness gate on the interpreter, then the backend's latency at the full shape
 (``model``: modeled by the cost model; ``hardware``: each launch compiled to a NEFF and timed
 on a NeuronCore with nrtpy, device-side, by worker processes: autotune/neff_backend.py).
-The best config per shape is merged into ``perf_results/<target>/<op>.json``. A killed run
-resumes when the same command is run again (the study lives in ``--storage``).
+The best config per shape is merged into ``<target>/<op>.json`` of the user's results
+folder (``$NEURON_KERNELS_PERF_RESULTS``, else ``<user cache>/neuron-kernels/perf_results``,
+created on first use), which every op layers over the shipped configs; ``--results DIR``
+names another folder, and ``--write-shipped`` (contributors re-tuning the shipped configs)
+the package's own ``perf_results/``. For the same key the faster of the stored and the new
+entry stays unless ``--replace``, and the output says which. A killed run resumes when the
+same command is run again (the study lives in ``--storage``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from neuron_kernels.cli import UsageError
-from neuron_kernels.cli._inputs import DTYPE_ALIASES, output_path
+from neuron_kernels.cli._inputs import DTYPE_ALIASES, op_problem, output_path
 from neuron_kernels.cli._inputs import target as read_target
 
 __all__ = ["add_arguments", "main"]
@@ -86,8 +92,19 @@ def add_arguments(parser) -> None:
         "--results",
         default=None,
         metavar="DIR",
-        help="perf_results folder to merge into (default: the package's, or "
-        "$NEURON_KERNELS_PERF_RESULTS)",
+        help="an existing results folder to merge into (default: the user's, "
+        "$NEURON_KERNELS_PERF_RESULTS or <user cache>/neuron-kernels/perf_results)",
+    )
+    parser.add_argument(
+        "--write-shipped",
+        action="store_true",
+        help="contributors: merge into the package's own perf_results/ (the shipped "
+        "configs, tracked in git) instead of the user's folder",
+    )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="store this run's best even if the stored entry for the same key is faster",
     )
     parser.add_argument("--no-write", action="store_true", help="do not write perf_results")
     parser.add_argument(
@@ -125,6 +142,47 @@ def _seconds(flag: str, text) -> float | None:
     if not value > 0:
         raise UsageError(flag, text, "must be > 0")
     return value
+
+
+def _writable_folder(setting: str, path, create: str):
+    """``path`` as a folder results can be merged into, checked before any trial runs: an
+    existing writable folder, or one the write will create: ``create="leaf"`` only the
+    folder itself (its parent must exist), ``"chain"`` any missing parents too (the user's
+    folder in the user cache), ``"none"`` nothing."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(setting, str(path), "is a file, not a folder")
+    if not path.exists():
+        if create == "none":
+            raise UsageError(setting, str(path), "no such folder")
+        if create == "leaf" and not path.absolute().parent.is_dir():
+            raise UsageError(setting, str(path), f"its parent {path.parent} does not exist")
+        parent = next(p for p in path.absolute().parents if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise UsageError(setting, str(path), f"cannot be created: {parent} is not writable")
+    elif not os.access(path, os.W_OK):
+        raise UsageError(setting, str(path), "is not writable")
+    return path
+
+
+def results_folder(args):
+    """Where this run merges its results, or None for the default user folder (checked)."""
+    from neuron_kernels.autotune import results
+
+    if args.write_shipped and args.results is not None:
+        raise UsageError("--write-shipped", "", "and --results name two folders; give one")
+    if args.write_shipped:
+        return _writable_folder("--write-shipped", results.shipped_dir(), create="none")
+    if args.results is not None:
+        return _writable_folder("--results", args.results, create="leaf")
+    env = os.environ.get(results.PERF_RESULTS_ENV)
+    if env:  # named by the user: checked here, before results.user_dir() would warn about it
+        _writable_folder(results.PERF_RESULTS_ENV, env, create="chain")
+    else:
+        _writable_folder("the user results folder", results.user_dir(), create="chain")
+    return None
 
 
 def list_ops() -> str:
@@ -166,6 +224,7 @@ def _points(args, spec):
         raise UsageError("--dtype", args.dtype, f"must be one of {', '.join(spec.dtypes)}")
     points = []
     for text in args.shape:
+        op_problem(spec, "--shape", text, dtype)  # the op's own checks and host memory
         try:
             points.append(make_point(spec, text, dtype))
         except LimitError as exc:
@@ -209,9 +268,9 @@ def main(args) -> int:
         from neuron_kernels.autotune.table import write_table
 
         root = (
-            results.perf_results_dir()
+            results.shipped_dir()  # the table documents the shipped configs
             if args.results is None
-            else __import__("pathlib").Path(args.results)
+            else _writable_folder("--results", args.results, create="none")
         )
         path = write_table(root / target.name, target.name)
         print(f"wrote {path}")
@@ -260,10 +319,10 @@ def main(args) -> int:
     except SamplerError as exc:
         raise UsageError("--sampler", args.sampler, str(exc)) from None
     storage_url = args.storage or default_storage_url()
-    try:
-        open_storage(storage_url)
-    except StorageError as exc:
-        raise UsageError("--storage", storage_url, str(exc)) from None
+    # Every output is checked before anything is created or run (a bad one is one line).
+    results_root = None if args.no_write else results_folder(args)
+    if args.storage and args.storage.startswith("sqlite:///"):
+        output_path("--storage", args.storage.removeprefix("sqlite:///"))
     if args.report:
         from neuron_kernels.autotune.report import INSTALL_HINT, missing_plot_libraries
 
@@ -272,21 +331,16 @@ def main(args) -> int:
             raise UsageError(
                 "--report", args.report, f"needs {' and '.join(missing)}: {INSTALL_HINT}"
             )
-        try:
-            __import__("pathlib").Path(args.report).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UsageError("--report", args.report, f"cannot make the folder: {exc}") from None
-        output_path("--report", str(__import__("pathlib").Path(args.report) / "report.html"))
+        _writable_folder("--report", args.report, create="leaf")  # made when written
+    try:
+        open_storage(storage_url)
+    except StorageError as exc:
+        raise UsageError("--storage", storage_url, str(exc)) from None
     for p in points:
         try:
             spec.check(p.problem, p.dtype, spec.config.default(), target.name)
         except LimitError:
             pass  # the default may not fit a huge shape: it is then a pruned trial
-    results_root = None
-    if args.results is not None:
-        from pathlib import Path
-
-        results_root = Path(args.results)
     label = "modeled" if backend == "model" else "hardware"
     print(
         f"autotune {spec.name} on {target.name}: {len(points)} shape(s), {trials} trials each, "
@@ -316,14 +370,15 @@ def main(args) -> int:
             results_root=results_root,
             progress=not args.quiet,
             warm_start=not args.no_warm_start,
+            replace=args.replace,
         )
     except BackendUnavailable as exc:
         raise UsageError("--backend", backend, str(exc)) from None
     print(f"\n{label} latency per shape (best vs the default config):")
     print(summary_table(found))
     for r in found:
-        if r.written:
-            print(f"merged {r.point.shape} {r.point.dtype} into {r.written}")
+        if r.merge is not None:
+            print(f"results for {r.point.shape} {r.point.dtype}: {r.merge.why} ({r.merge.path})")
         elif r.best_config is None:
             print(f"{r.point.shape} {r.point.dtype}: no config completed (all pruned or failed)")
     if args.report:

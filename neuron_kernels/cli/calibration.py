@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import inspect
 import json
 import math
 import time
@@ -29,9 +30,11 @@ from neuron_kernels.cost_model import params as params_module
 from neuron_kernels.cost_model import schedule
 from neuron_kernels.cost_model.params import PARAMS, CostParams, params_for
 from neuron_kernels.cost_model.schedule import MODEL_VERSION, model_trace
+from neuron_kernels.errors import LimitError
 from neuron_kernels.fingerprint import code_fingerprint
 from neuron_kernels.hardware import target_from_name
 from neuron_kernels.interpreter import run
+from neuron_kernels.interpreter.rebind import unwrap_kernel
 from neuron_kernels.testing import InterpreterRunner
 
 __all__ = [
@@ -422,6 +425,8 @@ def load_measurements(path, flag: str = "--fit") -> dict:
 
 
 def _check_op_row(row: dict, refuse) -> None:
+    from neuron_kernels.cli import UsageError
+    from neuron_kernels.cli._inputs import op_problem
     from neuron_kernels.errors import LimitError
     from neuron_kernels.kernels.spec import get_spec
 
@@ -435,6 +440,10 @@ def _check_op_row(row: dict, refuse) -> None:
             spec.config.from_dict(row["config"])
     except LimitError as exc:
         refuse(f"{exc.arg} {exc.rule}, got {exc.value}")
+    try:  # the op's own checks and the host memory, as profile and autotune read a shape
+        op_problem(spec, "shape", str(row.get("shape", "")), dtype)
+    except UsageError as exc:
+        refuse(f"shape {exc.value} {exc.why}")
 
 
 def _check_kernel_row(row: dict, refuse) -> None:
@@ -447,15 +456,44 @@ def _check_kernel_row(row: dict, refuse) -> None:
         refuse(f'"kernel" {row["kernel"]!r} cannot be imported ({exc})')
     if kernel is None:
         refuse(f'"kernel": {module} has no {name!r}')
+    try:
+        fn, _ = unwrap_kernel(kernel)
+    except TypeError:
+        refuse(f'"kernel" {row["kernel"]!r} is not an NKI kernel (a function or @nki.jit object)')
     shapes = row.get("shapes")
     if not isinstance(shapes, list) or not all(
-        isinstance(s, list) and s and all(isinstance(d, int) and d > 0 for d in s) for s in shapes
+        isinstance(s, list)
+        and s
+        and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in s)
+        for s in shapes
     ):
         refuse(f'"shapes" must be a list of shapes (lists of positive ints), got {shapes!r}')
+    kwargs = row.get("kwargs") or {}
+    if not isinstance(kwargs, dict):
+        refuse(f'"kwargs" must be an object, got {kwargs!r}')
+    positional = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in kwargs
+    ]
+    required = [p.name for p in positional if p.default is p.empty]
+    if not len(required) <= len(shapes) <= len(positional):
+        refuse(
+            f'"shapes" must give one array per argument of {name} ({", ".join(required)}'
+            f"{'' if len(positional) == len(required) else ', ...'}), got {len(shapes)}"
+        )
     try:
-        _np_dtype(row.get("dtype", "float32"))
+        item = np.dtype(_np_dtype(row.get("dtype", "float32"))).itemsize
     except (KeyError, ValueError, TypeError):
         refuse(f'"dtype" {row.get("dtype")!r} is not a dtype name')
+    from neuron_kernels.cli._inputs import HOST_MEMORY_SHARE, host_memory_bytes
+
+    need, have = sum(math.prod(s) for s in shapes) * item, host_memory_bytes()
+    if need > HOST_MEMORY_SHARE * have:
+        refuse(
+            f'"shapes" take {need / 2**30:.1f} GiB of host memory, more than half of the '
+            f"{have / 2**30:.1f} GiB available here"
+        )
 
 
 def _trace_measurement(row: dict, target: str):
@@ -526,8 +564,18 @@ def fit(
             )
             raise UsageError("--params", n, f"must name numeric parameters of {target}: {numeric}")
     traced = []
-    for row in measurements["rows"]:
-        tr, tgt = _trace_measurement(row, target)
+    for i, row in enumerate(measurements["rows"]):
+        try:
+            tr, tgt = _trace_measurement(row, target)
+        except (LimitError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
+            if "kernel" not in row:
+                raise
+            from neuron_kernels.cli import UsageError
+
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UsageError(
+                "--fit", f"rows[{i}]", f"kernel {row['kernel']} refused its shapes: {first}"
+            ) from None
         traced.append((row, tr, tgt))
         if progress:
             progress(f"traced {row.get('id', row.get('kernel', row.get('op')))}")

@@ -8,7 +8,13 @@ will run kernels, whether a ``neuron`` device is visible, which ``torch.ops.neur
 run their NKI kernel on it and which fall back to reference math (and why), which tuned
 configs ``perf_results`` holds for the target, and the rollback switch. It only looks:
 nothing is compiled or run, and a machine without the Neuron SDK gets a plain sentence,
-not a traceback. Exit code 0 whatever it finds; 2 for a bad ``--target``.
+not a traceback.
+
+Exit codes: 0 all good; 1 problems found (listed under "Problems found": a bad
+``NEURON_KERNELS_CPU`` / ``NEURON_KERNELS_DISABLE`` / ``NEURON_KERNELS_NKI`` value, an
+unreadable perf_results file, a tuned entry the op cannot use, a probe that failed);
+2 a bad command line (e.g. ``--target trn9``). It runs and reports even when
+``NEURON_KERNELS_NKI`` names a backend that cannot load (the ops are then not registered).
 """
 
 from __future__ import annotations
@@ -80,6 +86,19 @@ def _device(problems: list[str]) -> dict:
     }
 
 
+def _entry_problem(spec, entry: dict, target: str) -> str | None:
+    """Why the op could not run ``entry``'s config at the shape it was tuned at, or None."""
+    from neuron_kernels.errors import LimitError
+
+    try:
+        config = spec.config.from_dict(entry["config"])
+        if entry.get("shape"):
+            spec.check(spec.parse_shape(entry["shape"]), entry["dtype"], config, target)
+    except (LimitError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
 def _hardware_tuning(problems: list[str]) -> dict:
     """Whether ``autotune --backend hardware`` (and ``calibrate --measure``) can run here,
     and if not the one thing missing (autotune/hw_node.py: a NeuronCore, nki >= 0.6, an
@@ -100,38 +119,58 @@ def _hardware_tuning(problems: list[str]) -> dict:
 
 
 def _perf_results(spec, target: str, problems: list[str]) -> dict:
+    """The op's entries in the user's and the shipped results folders: each one fresh (tuned
+    on this kernel and cost model) and usable (its config passes the op's check), or not."""
+    from neuron_kernels._version import COST_MODEL_VERSION
     from neuron_kernels.autotune import results
 
-    path = results.results_path(spec.name, target)
-    info = {"file": str(path), "exists": path.is_file(), "entries": []}
-    if not info["exists"]:
-        info["status"] = f"default config (no tuned configs for {target})"
-        return info
-    try:
-        entries = results.load_entries(path, spec.name, target)
-    except (OSError, ValueError) as exc:
-        info["status"] = f"default config (file unreadable: {exc})"
-        return info
+    info = {"files": [], "entries": []}
     current = _guard(problems, f"kernel hash of {spec.name}", lambda: results.kernel_hash(spec))
-    for e in entries:
-        info["entries"].append(
-            {
-                "shape_bucket": e["shape_bucket"],
-                "dtype": e["dtype"],
-                "source": e["source"],  # modeled (cost model) or hardware (a Trn run)
-                "fresh": e["kernel_hash"] == current,  # tuned on this kernel's code
-            }
-        )
-    fresh = [e for e in info["entries"] if e["fresh"]]
-    by_source = {s: sum(e["source"] == s for e in fresh) for s in results.SOURCES}
-    if fresh:
-        info["status"] = f"tuned: {len(fresh)} entries ({by_source['modeled']} modeled, " + (
+    total = 0
+    for layer, root in results.layer_roots():
+        path = results.results_path(spec.name, target, root)
+        if not path.is_file():
+            continue
+        info["files"].append({"layer": layer, "file": str(path)})
+        try:
+            entries = results.load_entries(path, spec.name, target)
+        except (OSError, ValueError) as exc:
+            problems.append(f"{path} is unreadable ({exc}); {spec.name} ignores it")
+            continue
+        total += len(entries)
+        for e in entries:
+            fresh = e["kernel_hash"] == current and (
+                e["source"] == "hardware" or e.get("model_version") == COST_MODEL_VERSION
+            )
+            why = _entry_problem(spec, e, target) if fresh else None
+            if why is not None:
+                problems.append(
+                    f"{path}: the {e['source']} entry for {e['shape_bucket']} {e['dtype']} is "
+                    f"not usable ({why}); {spec.name} runs its default config there"
+                )
+            info["entries"].append(
+                {
+                    "shape_bucket": e["shape_bucket"],
+                    "dtype": e["dtype"],
+                    "source": e["source"],  # modeled (cost model) or hardware (a Trn run)
+                    "layer": layer,  # user or shipped
+                    "fresh": fresh,  # tuned on this kernel's code (and cost model)
+                    "usable": fresh and why is None,
+                }
+            )
+    usable = [e for e in info["entries"] if e["usable"]]
+    by_source = {s: sum(e["source"] == s for e in usable) for s in results.SOURCES}
+    if usable:
+        info["status"] = f"tuned: {len(usable)} entries ({by_source['modeled']} modeled, " + (
             f"{by_source['hardware']} hardware); other shapes use the default config"
         )
-    else:
+    elif total:
         info["status"] = (
-            f"default config ({len(entries)} entries, all tuned on another version of the kernel)"
+            f"default config ({total} entries, none usable: tuned on another version of the "
+            "kernel or cost model, or refused by its check)"
         )
+    else:
+        info["status"] = f"default config (no tuned configs for {target})"
     return info
 
 
@@ -185,12 +224,15 @@ def collect(target_name: str | None = None) -> dict:
     import torch
 
     import neuron_kernels
-    from neuron_kernels import backend
     from neuron_kernels.hardware import TARGET_ENV
-    from neuron_kernels.torch_ops import routing
 
     problems: list[str] = []
     target = read_target(target_name)
+    if neuron_kernels.BACKEND_ERROR is not None:
+        return _collect_without_backend(target, problems)
+    from neuron_kernels import backend
+    from neuron_kernels.torch_ops import routing
+
     packages = {dist: _version(dist) for dist in SDK_PACKAGES}
     sdk_installed = all(packages.values())
     rollback_raw = os.environ.get(routing.DISABLE_ENV)
@@ -236,6 +278,51 @@ def collect(target_name: str | None = None) -> dict:
     return state
 
 
+def _collect_without_backend(target, problems: list[str]) -> dict:
+    """The report when ``NEURON_KERNELS_NKI`` names a backend that cannot load: no op could
+    be registered, so only what needs no kernel is probed."""
+    import torch
+
+    import neuron_kernels
+    from neuron_kernels.hardware import TARGET_ENV
+
+    error = neuron_kernels.BACKEND_ERROR
+    BACKEND_ENV = error.setting  # noqa: N806  (importing neuron_kernels.backend would raise)
+    problems.append(str(error))
+    packages = {dist: _version(dist) for dist in SDK_PACKAGES}
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "neuron_kernels": neuron_kernels.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "packages": packages,
+        "neuron_sdk": {
+            "installed": all(packages.values()),
+            "missing": [d for d, v in packages.items() if v is None],
+        },
+        "backend": {
+            "name": None,
+            "variable": BACKEND_ENV,
+            "value": os.environ.get(BACKEND_ENV),
+            "error": str(error),
+        },
+        "target": {
+            "name": target.name,
+            "variable": TARGET_ENV,
+            "value": os.environ.get(TARGET_ENV),
+        },
+        "ops": [],
+        "all_ops_fall_back": True,
+        "problems": problems,
+        "summary": (
+            f"No op is registered: {BACKEND_ENV}={os.environ.get(BACKEND_ENV)!r} names an NKI "
+            f"backend that cannot load here ({error}). Unset it or set it to auto or interpreter."
+        ),
+    }
+
+
 def _summary(state: dict) -> str:
     n = len(state["ops"])
     native = sum(r["neuron_device"] == "kernel" for r in state["ops"])
@@ -256,6 +343,9 @@ def _print(state: dict) -> None:
         f"neuron-kernels {state['neuron_kernels']}  python {state['python']}  torch {state['torch']}"
     )
     print(state["summary"])
+    if state["backend"]["name"] is None:
+        _print_problems(state)
+        return
     print("\nNeuron SDK packages:")
     for dist, ver in state["packages"].items():
         print(f"  {dist:<14} {ver or 'not installed'}")
@@ -286,6 +376,10 @@ def _print(state: dict) -> None:
     status = "ON" if rb["on"] else "off"
     print(f"\nRollback switch {rb['variable']}: {status} (value {rb['value']!r})")
     print(f"  {rb['how']}: {rb['effect']}")
+    _print_problems(state)
+
+
+def _print_problems(state: dict) -> None:
     if state["problems"]:
         print("\nProblems found:")
         for p in state["problems"]:
@@ -293,10 +387,12 @@ def _print(state: dict) -> None:
 
 
 def main(args) -> int:
+    """Print the report; exit code 0 all good, 1 problems found (2, a bad command line, is
+    raised as a UsageError before anything is probed)."""
     state = collect(args.target)
     if args.json:
         json.dump(state, sys.stdout, indent=1)
         print()
     else:
         _print(state)
-    return 0
+    return 1 if state["problems"] else 0

@@ -256,21 +256,34 @@ def run_example(kernels: bool, steps: int, seed: int, device, batch_size: int, s
     )
 
 
-def _read_losses(path: str, which: str) -> list[float]:
+def _read_losses(path: str, which: str, script: str = "") -> list[float]:
+    """The losses the ``which`` run of ``script`` wrote: a non-empty JSON list of numbers, or
+    ``{"losses": [...]}``; anything else is one line naming the script and the run."""
     try:
         with open(path) as f:
             doc = json.load(f)
     except FileNotFoundError:
-        raise UsageError("--script", which, f"run wrote no losses to ${LOSSES_ENV}") from None
+        raise UsageError(
+            "--script", script, f"the {which} run wrote no losses to ${LOSSES_ENV}"
+        ) from None
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError("--script", which, f"run's losses file is not JSON ({exc})") from None
+        raise UsageError(
+            "--script", script, f"the {which} run's losses file is not JSON ({exc})"
+        ) from None
     losses = doc.get("losses") if isinstance(doc, dict) else doc
     if not isinstance(losses, list) or not all(
         isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses
     ):
+        shown = json.dumps(losses)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise UsageError(
-            "--script", which, 'run must write a JSON list of numbers or {"losses": [numbers]}'
+            "--script",
+            script,
+            f'the {which} run must write a JSON list of numbers or {{"losses": [numbers]}}, '
+            f"wrote {shown}",
         )
+    if not losses:
+        raise UsageError("--script", script, f"the {which} run wrote an empty list of losses")
     return [float(x) for x in losses]
 
 
@@ -303,7 +316,7 @@ def run_script(script: str, script_args: list[str], which: str, seed: int) -> Ru
             raise UsageError(
                 "--script", script, f"{which} run exited with {done.returncode}:\n{tail}"
             )
-        losses = _read_losses(losses_path, which)
+        losses = _read_losses(losses_path, which, script)
     how = "rollback switch on (reference math)" if which == "reference" else "kernels on"
     return Run(losses, f"{script} ({how})", seconds)
 
@@ -331,6 +344,27 @@ def _compare_steps(text: str | None, steps: int | None) -> list[int] | None:
             raise UsageError("--compare", text, f"step {step} is past --steps {steps}")
         out.append(step)
     return sorted(set(out))
+
+
+def _check_example_memory(train, batch: int, seq: int) -> None:
+    """Refuse ``--seq-len`` / ``--batch-size`` whose training would not fit in host memory,
+    before anything is allocated. An estimate of the fp32 activations one step keeps for
+    backward: per layer the attention scores and probabilities ([B, heads, S, S], as the
+    reference path holds them) and about 16 hidden-size and 4 FFN-size vectors per token,
+    plus the logits (x3: logits, softmax, gradient)."""
+    from neuron_kernels.cli._inputs import HOST_MEMORY_SHARE, host_memory_bytes
+
+    cfg = train.LlamaConfig(max_seq_len=max(seq, 1))
+    per_layer = 2 * cfg.n_heads * seq * seq + seq * (16 * cfg.dim + 4 * cfg.ffn_dim)
+    need = 4 * batch * (cfg.n_layers * per_layer + 3 * seq * cfg.vocab_size)
+    have = host_memory_bytes()
+    if need > HOST_MEMORY_SHARE * have:
+        raise UsageError(
+            "--seq-len",
+            str(seq),
+            f"with --batch-size {batch} one training step needs about {need / 2**30:,.1f} GiB "
+            f"of host memory, more than half of the {have / 2**30:.1f} GiB available here",
+        )
 
 
 def _check_png_support(path: str | None) -> None:
@@ -437,6 +471,13 @@ def main(args) -> int:
             device = train.resolve_device(args.device)
         except SystemExit as exc:  # the example's own one-line refusal
             raise UsageError("--device", args.device, str(exc.code)) from None
+        if device.type == "meta":
+            raise UsageError(
+                "--device",
+                args.device,
+                "holds no data, so nothing can train on it: use cpu or neuron",
+            )
+        _check_example_memory(train, batch, seq)
         title = f"Llama example (examples/llama), {steps} steps, seed {seed}, device {device}"
         common = dict(steps=steps, seed=seed, device=device, batch_size=batch, seq_len=seq)
         reference = run_example(kernels=False, **common)

@@ -10,22 +10,19 @@ the trace on the cost model. Every number printed is modeled, not measured.
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from neuron_kernels.cli import UsageError
 from neuron_kernels.cli._inputs import (
     DTYPE_ALIASES,
-    host_memory_bytes,
+    op_problem,
     output_path,
     read_json_file,
 )
 from neuron_kernels.cli._inputs import target as read_target
 
 __all__ = ["add_arguments", "main", "DTYPE_ALIASES"]
-
-# A run builds the op's inputs in host memory; more than this share of what is available is
-# refused before anything is allocated (the rest is for the interpreter's own buffers).
-HOST_MEMORY_SHARE = 0.5
 
 
 def add_arguments(parser) -> None:
@@ -40,7 +37,11 @@ def add_arguments(parser) -> None:
         help="trn1|trn2|trn3 (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)",
     )
     parser.add_argument(
-        "--config", default=None, help="config as a JSON object, or a path to a JSON file"
+        "--config",
+        default=None,
+        help="config as a JSON object, or a path to a JSON file, or 'default' for the op's "
+        "default config (default: the config the op itself would run: its tuned entry, else "
+        "the default)",
     )
     parser.add_argument(
         "--param",
@@ -73,6 +74,14 @@ def read_overrides(args, target) -> dict:
             raise UsageError(
                 "--params-file", args.params_file, '"overrides" must be an object of values'
             )
+        fitted_for = doc.get("target") if "overrides" in doc else None
+        if fitted_for is not None and fitted_for != target.name:
+            raise UsageError(
+                "--params-file",
+                args.params_file,
+                f"holds parameters fitted for {fitted_for!r}; this profile is for "
+                f"{target.name!r} (pass --target {fitted_for}, or fit for {target.name})",
+            )
         sources.append(("--params-file", args.params_file, values))
     for item in args.param:
         name, sep, value = item.partition("=")
@@ -81,6 +90,13 @@ def read_overrides(args, target) -> dict:
         sources.append(("--param", item, {name.strip(): value.strip()}))
     out: dict = {}
     for flag, given, values in sources:
+        for name, value in values.items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                continue  # not a number: the parameter table says whether it may be
+            if not math.isfinite(number):
+                raise UsageError(flag, given, f"{name} must be a finite number, got {value}")
         try:
             params_for(target.name, **values)
         except LimitError as exc:
@@ -89,18 +105,26 @@ def read_overrides(args, target) -> dict:
     return out
 
 
-def read_config(spec, text):
-    """``--config``: a JSON object, or the path of a file holding one; checked field by field."""
+def read_config(spec, text, problem=None, dtype=None, target=None):
+    """``--config``: a JSON object, or the path of a file holding one, checked field by field;
+    ``default`` the op's default; none given: the config the op itself runs at ``problem``
+    (its tuned entry in the user's or the shipped results, else the default). Returns
+    ``(config, where it came from)``."""
     from neuron_kernels.errors import LimitError
 
     if text is None:
-        return spec.config.default()
+        from neuron_kernels.autotune import results
+
+        choice = results.lookup(spec, problem, dtype, target.name)
+        return choice.config, choice.describe()
+    if text.strip() == "default":
+        return spec.config.default(), "the op's default config (--config default)"
     try:
         values = json.loads(text)
     except json.JSONDecodeError:
         values = read_json_file("--config", text, "a config object")  # not JSON text: a path
     try:
-        return spec.config.from_dict(values)
+        return spec.config.from_dict(values), "--config"
     except LimitError as exc:
         raise UsageError("--config", text, f"{exc.arg} {exc.rule}, got {exc.value}") from None
 
@@ -114,14 +138,14 @@ def read_op_and_problem(args):
         spec = get_spec(args.op)
     except LimitError as exc:
         raise UsageError("op", args.op, exc.rule) from None
-    try:
-        problem = spec.parse_shape(args.shape)
-    except LimitError as exc:
-        raise UsageError("--shape", args.shape, exc.rule) from None
     dtype = DTYPE_ALIASES.get(args.dtype.lower(), args.dtype.removeprefix("torch."))
     if dtype not in spec.dtypes:
+        try:
+            spec.parse_shape(args.shape)
+        except LimitError as exc:
+            raise UsageError("--shape", args.shape, exc.rule) from None
         raise UsageError("--dtype", args.dtype, f"must be one of {', '.join(spec.dtypes)}")
-    return spec, problem, dtype
+    return spec, op_problem(spec, "--shape", args.shape, dtype), dtype
 
 
 def main(args) -> int:
@@ -132,7 +156,7 @@ def main(args) -> int:
 
     spec, problem, dtype = read_op_and_problem(args)
     target = read_target(args.target)
-    config = read_config(spec, args.config)
+    config, config_source = read_config(spec, args.config, problem, dtype, target)
     overrides = read_overrides(args, target)
     for flag in ("chrome", "png", "json"):
         output_path(f"--{flag}", getattr(args, flag))
@@ -142,14 +166,6 @@ def main(args) -> int:
         raise UsageError(
             "--config", json.dumps(config.to_dict()), f"{exc} (at --shape {args.shape})"
         ) from None
-    need, have = spec.host_bytes(problem, dtype), host_memory_bytes()
-    if need > HOST_MEMORY_SHARE * have:
-        raise UsageError(
-            "--shape",
-            args.shape,
-            f"its {dtype} inputs and outputs take {need / 2**30:.1f} GiB of host memory, "
-            f"more than half of the {have / 2**30:.1f} GiB available here",
-        )
     profiler = Profiler(target=target.name, compute=False, **overrides)
     inputs = spec.make_inputs(problem, dtype, measure_generator())
     spec.run_kernels(*inputs, config=config, runner=profiler)
@@ -158,11 +174,18 @@ def main(args) -> int:
         f"op {spec.name}  shape {args.shape}  dtype {dtype}  target {target.name}  "
         f"config {json.dumps(config.to_dict())}"
     )
+    print(f"config from: {config_source}")
     print(report.text())
     if args.json:
         doc = report.to_dict()
         doc.update(
-            {"op": spec.name, "shape": args.shape, "dtype": dtype, "config": config.to_dict()}
+            {
+                "op": spec.name,
+                "shape": args.shape,
+                "dtype": dtype,
+                "config": config.to_dict(),
+                "config_source": config_source,
+            }
         )
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2, sort_keys=True)

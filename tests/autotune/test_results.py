@@ -123,11 +123,95 @@ def test_write_refuses_an_unlabelled_source(tmp_path):
         results.write_entry(SPEC, _entry(source="measured"), "trn2", tmp_path)
 
 
-def test_env_var_points_the_store_elsewhere(tmp_path, monkeypatch):
+def test_env_var_names_the_user_folder_and_the_default_is_the_user_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(results.PERF_RESULTS_ENV, str(tmp_path))
-    assert results.perf_results_dir() == tmp_path
+    assert results.perf_results_dir() == results.user_dir() == tmp_path
     monkeypatch.delenv(results.PERF_RESULTS_ENV)
-    assert (results.perf_results_dir() / "__init__.py").exists()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert results.perf_results_dir() == tmp_path / "cache" / "neuron-kernels" / "perf_results"
+    assert (results.shipped_dir() / "__init__.py").exists()
+
+
+def _two_layers(tmp_path, monkeypatch):
+    user, shipped = tmp_path / "user", tmp_path / "shipped"
+    monkeypatch.setenv(results.PERF_RESULTS_ENV, str(user))
+    monkeypatch.setattr(results, "shipped_dir", lambda: shipped)
+    return user, shipped
+
+
+def _layered_lookup():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", results.PerfResultsWarning)
+        return results.lookup(SPEC, PROBLEM, "bfloat16", "trn2")
+
+
+def test_user_results_add_to_the_shipped_ones(tmp_path, monkeypatch):
+    """The user's folder is layered over the shipped one: a key only the shipped folder has
+    is still found (the variable used to replace the shipped configs)."""
+    user, shipped = _two_layers(tmp_path, monkeypatch)
+    results.write_entry(SPEC, _entry(), "trn2", shipped)
+    results.write_entry(SPEC, _entry(dtype="float16"), "trn2", user)
+    choice = _layered_lookup()
+    assert (choice.source, choice.layer) == ("modeled", "shipped")
+    assert choice.path == shipped / "trn2" / "matmul.json"
+
+
+def test_lookup_precedence_hardware_then_user_then_shipped(tmp_path, monkeypatch):
+    user, shipped = _two_layers(tmp_path, monkeypatch)
+    user_config = {**TUNED, "block_m": 4}
+    results.write_entry(SPEC, _entry(), "trn2", shipped)
+    results.write_entry(SPEC, _entry(config=user_config), "trn2", user)
+    choice = _layered_lookup()
+    assert (choice.layer, choice.config.to_dict()) == ("user", user_config)  # user beats shipped
+    hardware = {**TUNED, "block_n": 4}
+    results.write_entry(
+        SPEC, _entry(source="hardware", model_version=None, config=hardware), "trn2", shipped
+    )
+    choice = _layered_lookup()
+    assert (choice.source, choice.layer) == ("hardware", "shipped")  # hardware beats modeled
+    assert choice.config.to_dict() == hardware
+    assert "shipped hardware entry" in choice.describe()
+
+
+def test_an_unusable_user_entry_falls_through_to_the_shipped_one(tmp_path, monkeypatch):
+    user, shipped = _two_layers(tmp_path, monkeypatch)
+    results.write_entry(SPEC, _entry(), "trn2", shipped)
+    (user / "trn2").mkdir(parents=True)
+    (user / "trn2" / "matmul.json").write_text(_file_with([_entry(config={**TUNED, "block_m": 3})]))
+    choice = _layered_lookup()
+    assert (choice.layer, choice.config.to_dict()) == ("shipped", TUNED)
+
+
+def test_a_merge_keeps_the_faster_entry_and_says_so(tmp_path):
+    """A 2-trial run must not replace a 31-trial entry with a slower one."""
+    long_run = _entry(metric={"latency_us": 10.0}, trials=31)
+    results.write_entry(SPEC, long_run, "trn2", tmp_path)
+    merge = results.merge_entry(
+        SPEC, _entry(metric={"latency_us": 12.0}, trials=2), "trn2", tmp_path
+    )
+    assert merge.kept == "existing" and "kept the stored entry" in merge.why
+    assert "31 trials" in merge.why
+    (stored,) = results.load_entries(merge.path, "matmul", "trn2")
+    assert stored["trials"] == 31
+    merge = results.merge_entry(
+        SPEC, _entry(metric={"latency_us": 9.0}, trials=2), "trn2", tmp_path
+    )
+    assert merge.kept == "new" and "faster" in merge.why
+    (stored,) = results.load_entries(merge.path, "matmul", "trn2")
+    assert stored["metric"]["latency_us"] == 9.0
+
+
+def test_replace_stores_a_slower_entry_and_another_kernel_is_not_compared(tmp_path):
+    results.write_entry(SPEC, _entry(metric={"latency_us": 1.0}), "trn2", tmp_path)
+    merge = results.merge_entry(
+        SPEC, _entry(metric={"latency_us": 5.0}), "trn2", tmp_path, replace=True
+    )
+    assert merge.kept == "new" and "--replace" in merge.why
+    results.write_entry(
+        SPEC, _entry(metric={"latency_us": 0.1}, kernel_hash="sha256:old"), "trn2", tmp_path
+    )
+    merge = results.merge_entry(SPEC, _entry(metric={"latency_us": 7.0}), "trn2", tmp_path)
+    assert merge.kept == "new" and "another kernel" in merge.why
 
 
 def _file_with(entries):
@@ -183,11 +267,9 @@ def test_hardware_entries_need_no_model_version(tmp_path):
     assert choice.source == "hardware" and not said
 
 
-@pytest.mark.parametrize("kind", ["file", "missing"])
-def test_env_var_that_is_not_a_folder_warns_once(tmp_path, monkeypatch, kind):
+def test_env_var_that_is_a_file_warns_once(tmp_path, monkeypatch):
     target = tmp_path / "store"
-    if kind == "file":
-        target.write_text("{}")
+    target.write_text("{}")
     monkeypatch.setenv(results.PERF_RESULTS_ENV, str(target))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

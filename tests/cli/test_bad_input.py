@@ -24,6 +24,7 @@ def _files(tmp):
         "not-json.json": "xx",
         "overrides-list.json": {"overrides": [1]},
         "bad-param.json": {"overrides": {"dma_core_gbps": -2}},
+        "trn3-fit.json": {"target": "trn3", "overrides": {"dma_core_gbps": 100.0}},
         "unknown-row.json": {"target": "trn2", "rows": [{"id": "nope", "measured_ms": 1}]},
         "negative-ms.json": {"rows": [{"id": "A3-v3-hoisted", "measured_ms": -1}]},
         "zero-ms.json": {"rows": [{"id": "A3-v3-hoisted", "measured_ms": 0}]},
@@ -37,6 +38,34 @@ def _files(tmp):
             "rows": [{"op": "matmul", "shape": "8x8x8", "config": {"block_m": 3}, "measured_ms": 1}]
         },
         "bad-kernel-row.json": {"rows": [{"kernel": "no.such.module:k", "measured_ms": 1}]},
+        # issue 32 item 4: a non-kernel object, too few shapes, shapes the kernel refuses
+        "non-kernel-row.json": {
+            "rows": [
+                {
+                    "kernel": "neuron_kernels.kernels.matmul:SPEC",
+                    "shapes": [[4, 4]],
+                    "measured_ms": 1,
+                }
+            ]
+        },
+        "few-shapes-row.json": {
+            "rows": [{"kernel": "add_kernel:add", "shapes": [[4, 8]], "measured_ms": 1}]
+        },
+        "mismatched-shapes-row.json": {
+            "rows": [{"kernel": "add_kernel:add", "shapes": [[4, 8], [5, 4]], "measured_ms": 1}]
+        },
+        # issue 32 items 3, 7: a shape too big for host memory; H % Hkv != 0
+        "huge-op-row.json": {
+            "rows": [{"op": "matmul", "shape": "99999999999x4x4", "measured_ms": 1}]
+        },
+        "huge-kernel-row.json": {
+            "rows": [
+                {"kernel": "add_kernel:add", "shapes": [[99999999999, 4]] * 2, "measured_ms": 1}
+            ]
+        },
+        "gqa-row.json": {
+            "rows": [{"op": "flash_attention", "shape": "1x3x2x128x128x64", "measured_ms": 1}]
+        },
         "bad-kernel-shapes.json": {
             "rows": [
                 {
@@ -50,6 +79,25 @@ def _files(tmp):
     for name, doc in files.items():
         (tmp / name).write_text(doc if isinstance(doc, str) else json.dumps(doc))
     (tmp / "folder").mkdir()
+    (tmp / "add_kernel.py").write_text(ADD_KERNEL)
+
+
+ADD_KERNEL = """
+from neuron_kernels.backend import nl, nisa
+
+
+def add(a, b):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    ta = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+    tb = nl.ndarray(b.shape, dtype=b.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ta, src=a)
+    nisa.dma_copy(dst=tb, src=b)
+    nisa.tensor_tensor(dst=ta, data1=ta, data2=tb, op=nl.add)
+    nisa.dma_copy(dst=out, src=ta)
+    return out
+"""
+HUGE = "99999999999x4x4"
+GQA = "1x3x2x128x128x64"  # B H Hkv Sq Sk D with H % Hkv != 0
 
 
 # (argv, environment, the text the one line must contain: the setting and the value)
@@ -70,6 +118,9 @@ CASES = [
     (PROFILE + ["--param", "dma_core_gbps=-1"], {}, "dma_core_gbps must be > 0 GB/s"),
     (PROFILE + ["--param", "sync_ns=-5"], {}, "sync_ns must be >= 0 ns"),
     (PROFILE + ["--param", "bogus=1"], {}, "--param bogus=1"),
+    (PROFILE + ["--param", "dma_core_gbps=inf"], {}, "dma_core_gbps must be a finite number"),
+    (PROFILE + ["--param", "sync_ns=nan"], {}, "sync_ns must be a finite number"),
+    (PROFILE + ["--params-file", "trn3-fit.json"], {}, "fitted for 'trn3'"),
     (PROFILE + ["--param", "dma_core_gbps"], {}, "--param dma_core_gbps: must be NAME=VALUE"),
     (PROFILE + ["--param", "dve_perf_mode=maybe"], {}, "dve_perf_mode must be true or false"),
     (PROFILE + ["--params-file", "missing.json"], {}, "--params-file missing.json: no such file"),
@@ -120,6 +171,33 @@ CASES = [
     (["calibrate", "--fit", "zero-ms.json", "--iterations", "-3"], {}, "--iterations -3"),
     (["calibrate", "--fit", "unknown-row.json", "--out", "no/such/o.json"], {}, "--out no/such"),
     (["bogus-command"], {}, "bogus-command"),
+    # issue 32 item 5: every output checked before any work, no parent folder made
+    (["autotune", "matmul", *S, "--storage", "sqlite:///no/such/s.db"], {}, "--storage no/such"),
+    (["autotune", "matmul", *S, "--results", "list.json"], {}, "--results list.json: is a file"),
+    (["autotune", "matmul", *S, "--results", "no/such/dir"], {}, "--results no/such/dir"),
+    (["autotune", "matmul", *S, "--report", "no/such/dir"], {}, "--report no/such/dir"),
+    (
+        ["autotune", "matmul", *S],
+        {"NEURON_KERNELS_PERF_RESULTS": "list.json"},
+        "NEURON_KERNELS_PERF_RESULTS list.json: is a file",
+    ),
+    (["parity", "--tolerance", "1", "--json", "no/such/p.json"], {}, "--json no/such/p.json"),
+    (["parity", "--tolerance", "1", "--png", "no/such/p.png"], {}, "--png no/such/p.png"),
+    # issue 32 item 2: NKI_PRECISE_FP read before any kernel runs
+    (["demo"], {"NKI_PRECISE_FP": "maybe"}, "NKI_PRECISE_FP maybe: must be one of"),
+    (PROFILE, {"NKI_PRECISE_FP": "maybe"}, "NKI_PRECISE_FP maybe: must be one of"),
+    # issue 32 item 3: refused before allocating, in every command that builds inputs
+    (["autotune", "matmul", "--shape", HUGE, "--no-write"], {}, "GiB of host memory"),
+    (["calibrate", "--fit", "huge-op-row.json"], {}, "GiB of host memory"),
+    (["calibrate", "--fit", "huge-kernel-row.json"], {}, "GiB of host memory"),
+    # issue 32 item 4: calibrate --fit kernel rows
+    (["calibrate", "--fit", "non-kernel-row.json"], {}, "is not an NKI kernel"),
+    (["calibrate", "--fit", "few-shapes-row.json"], {}, "one array per argument of add (a, b)"),
+    (["calibrate", "--fit", "mismatched-shapes-row.json"], {}, "refused its shapes"),
+    # issue 32 item 7: every CLI path uses the op's own checks (H % Hkv == 0)
+    (["profile", "flash_attention", "--shape", GQA], {}, "H % Hkv == 0"),
+    (["autotune", "flash_attention", "--shape", GQA, "--no-write"], {}, "H % Hkv == 0"),
+    (["calibrate", "--fit", "gqa-row.json"], {}, "H % Hkv == 0"),
 ]
 
 
@@ -129,6 +207,9 @@ CASES = [
 def test_bad_input_is_one_line_exit_2(argv, env, expected, tmp_path, monkeypatch, capsys):
     _files(tmp_path)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # add_kernel.py
+    monkeypatch.setenv("NEURON_KERNELS_STUDIES", f"sqlite:///{tmp_path / 'studies.db'}")
+    monkeypatch.setenv("NEURON_KERNELS_PERF_RESULTS", str(tmp_path / "user-results"))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     try:
@@ -142,6 +223,8 @@ def test_bad_input_is_one_line_exit_2(argv, env, expected, tmp_path, monkeypatch
     assert "Traceback" not in err + out
     assert expected in lines[0], lines[0]
     assert lines[0].startswith("neuron-kernels"), lines[0]
+    assert not (tmp_path / "user-results").exists()  # nothing written
+    assert not (tmp_path / "no").exists()  # no missing parent folder was made
 
 
 def _console(*args, **kwargs):
@@ -181,3 +264,17 @@ def test_a_bad_input_as_a_user_sees_it(tmp_path):
     result = _console("profile", "matmul", "--shape", "256x256x256", "--param", "sync_ns=-1")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_demo_under_nki_precise_fp_0_runs_and_says_what_it_skipped(monkeypatch, capsys):
+    """Issue 32 item 2: bf16 fused_adamw_ with found_inf views bf16 bits as int16, which fp32
+    storage (NKI_PRECISE_FP=0) does not have: the demo used to crash; it now runs every other
+    kernel and names the one it skipped and why."""
+    monkeypatch.setenv("NKI_PRECISE_FP", "0")
+    assert main(["demo"]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    (skip,) = [line for line in out.splitlines() if "SKIP: " in line]
+    assert "fused_adamw_" in skip and "bfloat16" in skip and "NKI_PRECISE_FP=0" in skip
+    assert "1 skipped" in out
+    assert "of bound" in out  # issue 32 item 14: the column PASS/FAIL reads off

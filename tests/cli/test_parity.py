@@ -228,3 +228,35 @@ def test_png_is_written_when_matplotlib_is_installed(capsys, tmp_path):
         "0.01", "{losses}",
     )  # fmt: skip
     assert code == 1 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "written",
+    ["[]", '["0.5", "0.4"]', "[[0.5], [0.4]]", '{"losses": []}', '"0.5"'],
+    ids=["empty", "strings", "nested", "empty-dict", "string"],
+)
+def test_script_losses_that_are_not_a_list_of_numbers_are_one_line(capsys, tmp_path, written):
+    """Issue 32 item 6: ``[]`` used to crash the trend fit; every bad losses file is one line
+    naming the script and the run."""
+    script = tmp_path / "odd.py"
+    script.write_text(
+        "import os\nopen(os.environ['NEURON_KERNELS_PARITY_LOSSES'], 'w').write("
+        + repr(written)
+        + ")\n"
+    )
+    code, _, err = run_cli(capsys, "--tolerance", "1e-3", "--script", str(script))
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"--script {script}" in err and "reference run" in err
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["--seq-len", "100000000", "--steps", "1"], "--seq-len 100000000"),
+        (["--device", "meta", "--steps", "1"], "--device meta: holds no data"),
+    ],
+)
+def test_example_inputs_refused_before_training(capsys, argv, says):
+    code, _, err = run_cli(capsys, "--tolerance", "1", *argv)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert says in err

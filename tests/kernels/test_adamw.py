@@ -309,3 +309,48 @@ def test_the_dma_floor_counts_each_updated_tensor_read_and_written_back(amsgrad)
     assert adamw.SPEC.min_traffic_bytes(problem, "float32") == expected
     read_once = (20 if amsgrad else 16) * elements + scalars  # p, g, m, v (and vmax)
     assert adamw.SPEC.host_bytes(problem, "float32") == read_once
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_found_inf_at_step_zero_leaves_every_tensor_unchanged(dtype):
+    """Issue 32 item 8: at state_steps == 0, 1 - beta2^0 = 0 made the (ungated) 1/bc2
+    coefficient inf and the params NaN; torch leaves every tensor untouched when found_inf
+    is set, whatever the step, and so does the kernel now."""
+    args = _inputs([300, 5], dtype, found_inf=torch.tensor(1.0))
+    for s in args[5]:
+        s.zero_()
+    ran = _copies(args)
+    run_kernel(SPEC, ran)
+    for before, after in zip(_updated(args), _updated(ran)):
+        assert torch.equal(before, after)
+
+
+def test_large_gradients_within_the_documented_bound_match_the_reference():
+    """The documented limit (README, fused_adamw_): sqrt(v / bc2) must stay <= 2^42 (VectorE
+    reciprocal's valid input); |g| = 1e12 at step 1 is inside it and matches torch. The
+    tolerance is the op's fp32 one."""
+    args = _inputs([300], "float32", grad_scale=None, found_inf=None)
+    args[1][0].mul_(1e12)
+    for s in args[5]:
+        s.fill_(1.0)
+    args[2][0].zero_()
+    args[3][0].zero_()
+    _check(args, SPEC.config.default(), "float32")
+
+
+def test_bf16_found_inf_under_nki_precise_fp_0_is_one_error_and_changes_nothing(monkeypatch):
+    """Issue 32 item 2: the kernel masks a skipped step through the gradient's bits, which
+    bf16 stored as fp32 (NKI_PRECISE_FP=0) does not have: one error naming the setting,
+    raised before any tensor is written."""
+    from neuron_kernels.interpreter.errors import NotImplementedByInterpreter
+
+    monkeypatch.setenv("NKI_PRECISE_FP", "0")
+    args = _inputs([300], "bfloat16", found_inf=torch.tensor(0.0))
+    ran = _copies(args)
+    with (
+        cpu_mode("interpret"),
+        pytest.raises(NotImplementedByInterpreter, match="NKI_PRECISE_FP=0"),
+    ):
+        torch.ops.neuron.fused_adamw_(*ran)
+    for before, after in zip(_updated(args), _updated(ran)):
+        assert torch.equal(before, after)

@@ -162,4 +162,40 @@ def test_eps_below_the_rsqrt_range_is_refused_by_name():
     x, w = torch.randn(2, 8), torch.ones(8)
     with pytest.raises(LimitError) as err:
         torch.ops.neuron.rms_norm(x, w, 0.0)
-    assert err.value.arg == "eps" and err.value.limit == rms_norm.RSQRT_MIN_INPUT
+    assert err.value.arg == "eps" and err.value.limit == rms_norm.MIN_EPS == 2.0**-55
+
+
+@pytest.mark.parametrize("statistics", ["scalar", "scalar_gpsimd", "vector"])
+def test_rows_beyond_rsqrt_range_and_overflowing_rows_give_torchs_result(statistics):
+    """Issue 32 item 8: fp32 rows scaled by 1e20 (x^2 overflows fp32: torch gives 0) and by
+    1e16 (mean square ~1e32, past rsqrt's valid input 2^97 but finite: torch gives the true
+    +-w-scaled value) used to be NaN in interpret mode. Now both CPU modes agree: the
+    kernel's rstd is rsqrt(ms * 2^-32) * 2^-16, 0 where ms overflowed. The tolerance is the
+    op's fp32 one (the scaling is by exact powers of two)."""
+    x, w = _inputs(300, 256, "float32", 11)
+    x[:100] *= 1e20
+    x[100:200] *= 1e16
+    config = RmsNormConfig(statistics=statistics)
+    y, rstd = run_kernel(FWD_SPEC, (x, w, 1e-6, 0.0, "llama"), config)
+    y_ref, rstd_ref = rms_norm.reference_fwd(x, w, 1e-6, 0.0, "llama", upcast=False)
+    assert (y[:100] == 0).all() and (y_ref[:100] == 0).all() and (rstd[:100] == 0).all()
+    assert_within_tolerance(y, y_ref, FWD_SPEC.tolerances["float32"], f"[{statistics}]")
+    with cpu_mode("interpret"):
+        assert torch.equal(torch.ops.neuron.rms_norm(x, w)[:100], torch.zeros(100, 256))
+
+
+@pytest.mark.parametrize("statistics", ["scalar", "scalar_gpsimd", "vector"])
+def test_a_row_holding_an_inf(statistics):
+    """torch: rstd 0, so NaN at the inf (inf * 0) and 0 elsewhere in the row. The scalar
+    statistics paths give exactly that; the vector path (bn_stats: var = inf - inf) makes
+    the whole row NaN, its documented limit (README, RMSNorm)."""
+    x, w = _inputs(4, 64, "float32", 12)
+    x[1, 5] = float("inf")
+    y, _ = run_kernel(FWD_SPEC, (x, w, 1e-6, 0.0, "llama"), RmsNormConfig(statistics=statistics))
+    y_ref, _ = rms_norm.reference_fwd(x, w, 1e-6, 0.0, "llama", upcast=False)
+    others = [0, 2, 3]
+    assert_within_tolerance(y[others], y_ref[others], FWD_SPEC.tolerances["float32"])
+    if statistics == "vector":
+        assert y[1].isnan().all()
+    else:
+        assert torch.equal(y[1].isnan(), y_ref[1].isnan()) and (y[1][~y[1].isnan()] == 0).all()
