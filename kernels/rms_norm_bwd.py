@@ -24,12 +24,10 @@ import torch
 
 from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
-from neuron_kernels.hardware import Target, usable_psum_banks
+from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.rms_norm import (
     _TEST_PROBLEMS,
     RmsNormPlan,
-    _load_weight,
-    _weight_bytes,
     reference_fwd,
     rows_plan,
     validate_common,
@@ -59,12 +57,22 @@ class RmsNormBwdConfig(TunableConfig):
     Attributes:
         rows_per_partition: rows each partition holds per tile (128 x this many rows).
         h_chunk: free-dim elements per compute instruction (and per DMA in two-pass mode).
-        weight_broadcast: "dma" or "tensor", as in the forward.
-        product_engine: engines of the products: "vector" (all on VectorE), "gpsimd"
-            (the ``dy * x`` feeding dw on GpSimd) or "gpsimd_both" (``g * x`` too).
-        dw_reduce: "psum" (dw accumulates in PSUM across every row tile: needs
-            ceil(H / 512) banks), "sbuf" (each row tile's dw folds into fp32 SBUF) or
-            "auto" (psum where the banks suffice, else sbuf).
+        weight_broadcast: how (offset + w) reaches the 128 partitions: "dma" (a stride-0
+            DMA into an fp32 SBUF tile; its products read two SBUF tiles, 2N VectorE
+            cycles) or "tensor" (three exact bf16 parts of the fp32 row summed by a K=3
+            TensorE matmul into PSUM per 512 columns; VectorE products with one PSUM
+            operand cost N cycles).
+        product_engine: engines of the SBUF-only products: "vector" (all on VectorE),
+            "gpsimd" (``dy * x`` on GpSimd) or "gpsimd_both" (``dy * x`` on GpSimd, and
+            the row-sum product ``(dy * x) * w`` on GpSimd on every other chunk, from an
+            SBUF copy of w: GpSimd cannot read PSUM).
+        dw_reduce: where dw sums over row tiles: "psum" (one PSUM bank holds dw as
+            [128, ceil(H / 128)] columns across all row tiles), "sbuf" (each row tile's
+            columns fold into an fp32 SBUF accumulator) or "auto" (psum when one bank
+            holds them, H <= 65536).
+        dx_combine: how ``x * k + g`` is formed: "vector" (one VectorE
+            scalar_tensor_tensor, 2N) or "tensor" (TensorE puts ``k * x`` in PSUM from the
+            diagonal of k in three exact bf16 parts; VectorE adds g at N).
     """
 
     op_name = OP
@@ -76,17 +84,24 @@ class RmsNormBwdConfig(TunableConfig):
         2048, (512, 2048), "modeled: 2048 amortises the per-instruction overhead"
     )
     weight_broadcast: str = tunable(
-        "dma", ("dma", "tensor"), "modeled: one broadcast DMA per kernel, as in the forward"
+        "tensor",
+        ("dma", "tensor"),
+        "modeled: PSUM-resident w halves VectorE's two w products (N, not 2N cycles)",
     )
     product_engine: str = tunable(
         "gpsimd_both",
         ("vector", "gpsimd", "gpsimd_both"),
-        "modeled: VectorE binds; 30.0% of the floor vs 24.7% (gpsimd), 19.1% (vector)",
+        "modeled: VectorE binds; GpSimd takes dy * x and half the row-sum products",
     )
     dw_reduce: str = tunable(
         "auto",
         ("psum", "sbuf", "auto"),
-        "modeled: psum 30.0% vs sbuf 25.5% of the floor at [4096, 4096] bf16; auto fits every H",
+        "modeled: one PSUM bank holds dw for every H the backward fits; no per-tile fold",
+    )
+    dx_combine: str = tunable(
+        "tensor",
+        ("vector", "tensor"),
+        "modeled: k * x on TensorE (PSUM) leaves VectorE an N-cycle add instead of 2N",
     )
 
 
@@ -99,7 +114,10 @@ class RmsNormBwdPlan(RmsNormPlan):
     core order in fp32 and rounds once (deterministic: the same order every run)."""
 
     dw_in_psum: bool  # dw accumulates in PSUM across all row tiles
-    product_engine: str  # engine of the dy * w and dy * x products
+    product_engine: str  # engines of the SBUF-only products
+    dx_combine: str  # "vector" or "tensor"
+    w_in_sbuf: bool  # an fp32 (offset + w) broadcast resident in SBUF
+    dw_blocks: int  # ceil(H / 128): dw's PSUM / SBUF columns
 
 
 def plan(
@@ -110,35 +128,32 @@ def plan(
     over ``lnc`` cores.
 
     Raises:
-        LimitError: ``dw_reduce="psum"`` when dw needs more PSUM banks than the target has.
+        LimitError: ``dw_reduce="psum"`` when dw's columns need more than one PSUM bank.
     """
     h = problem["h"]
     item = ITEMSIZE[dtype]
-    w_item = 4  # offset + w stays fp32: g = dy * (offset + w) has no low-precision step
     chunk = min(config.h_chunk, h)
     g = config.rows_per_partition
-    pieces = ceil_div(h, target.gemm_moving_fmax)
-    broadcast_bank = 1 if config.weight_broadcast == "tensor" else 0
-    in_psum = config.dw_reduce == "psum" or (
-        config.dw_reduce == "auto" and pieces + broadcast_bank <= usable_psum_banks(target)
-    )
-    if in_psum:
-        banks = pieces + broadcast_bank
-        if banks > usable_psum_banks(target):
-            raise LimitError(
-                OP,
-                "config dw_reduce",
-                f"must be 'sbuf' when dw needs more PSUM banks ({pieces} for H = {h}) than "
-                f"{target.name} has ({usable_psum_banks(target)}, one for a PE broadcast)",
-                "psum",
-            )
-    else:
-        banks = 1 + broadcast_bank
-    resident = _weight_bytes(h, chunk, item, w_item, config)
-    resident += target.gemm_moving_fmax * item  # dw out, one piece at a time
-    resident += 0 if in_psum else h * 4  # fp32 dw accumulator
-    resident += 4 * (6 * g + 2)  # rstd, sums, factors
-    scratch = 3 * chunk * 4  # g * x, x * k + g, dy * x (fp32)
+    pmax = target.pmax
+    blocks = ceil_div(h, pmax)
+    fits_bank = blocks * 4 <= target.psum_bank_bytes
+    in_psum = config.dw_reduce == "psum" or (config.dw_reduce == "auto" and fits_bank)
+    if config.dw_reduce == "psum" and not fits_bank:
+        raise LimitError(
+            OP,
+            "config dw_reduce",
+            f"must be 'sbuf' when dw's {blocks} columns (H = {h}) need more than one PSUM bank",
+            "psum",
+        )
+    tensor_w = config.weight_broadcast == "tensor"
+    w_in_sbuf = not tensor_w or config.product_engine == "gpsimd_both"
+    banks = 1 + (1 if tensor_w else 0) + (1 if config.dx_combine == "tensor" else 0)
+    resident = (h * 4 + chunk * item) if w_in_sbuf else 0  # fp32 w and its staging
+    resident += 2 * h if tensor_w else 0  # the three bf16 parts of w (3 partitions)
+    resident += 0 if in_psum else blocks * 4  # fp32 dw accumulator
+    resident += 2 * pmax * 4 if config.dx_combine == "tensor" else 0  # identity, diag(k)
+    resident += blocks * 4 + 4 * (6 * g + 2)  # dw out; rstd, sums, factors
+    scratch = 3 * chunk * 4  # dy * x, its w product, x * k + g (fp32)
     one_pass = resident + scratch + 3 * g * h * item + h * 4  # dy, x, dx tiles; fp32 g row
     two_pass = one_pass > target.sbuf_usable_bytes
     return rows_plan(
@@ -148,9 +163,12 @@ def plan(
         target,
         lnc,
         two_pass=two_pass,
-        weight_fp32=w_item == 4,
+        weight_fp32=True,  # offset + w stays fp32: g = dy * (offset + w) has no low-precision step
         dw_in_psum=in_psum,
         product_engine=config.product_engine,
+        dx_combine=config.dx_combine,
+        w_in_sbuf=w_in_sbuf,
+        dw_blocks=blocks,
         sbuf_bytes=resident + scratch + 3 * g * chunk * item + chunk * 4 if two_pass else one_pass,
         psum_banks=banks,
     )
@@ -163,58 +181,103 @@ def _engine(on_gpsimd):
     return nisa.engine.gpsimd if on_gpsimd else nisa.engine.vector
 
 
-def _row_sum_gx(dy_c, x_c, w_c, g_c, sums, j, first, last, p, cs, gx_engine):
-    """``g_c = dy * w`` (fp32) and the row's running ``sum(g * x)`` (ScalarE register chain
-    over the chunks, read out into column ``j`` at the last chunk)."""
-    nisa.tensor_tensor(dst=g_c, data1=dy_c, data2=w_c, op=nl.multiply)
-    gx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="gx")
-    nisa.tensor_tensor(dst=gx, data1=g_c, data2=x_c, op=nl.multiply, engine=gx_engine)
-    nisa.activation(
-        dst=gx,
-        op=nl.copy,
-        data=gx,
-        reduce_op=nl.add,
-        reduce_res=sums[0:p, j : j + 1] if last else None,
-        reduce_cmd=nisa.reduce_cmd.reset_reduce if first else nisa.reduce_cmd.reduce,
-    )
+def _resident_weight(w, offset, plan, p_all, dtype):
+    """fp32 ``offset + w`` broadcast to ``p_all`` partitions by a stride-0 DMA per chunk."""
+    h = plan.h
+    w_eff = nl.ndarray((p_all, h), dtype=nl.float32, buffer=nl.sbuf, name="w_eff")
+    w_row = w.reshape((1, h))
+    for c0, cs in tiled(h, plan.h_chunk):
+        staged = nl.ndarray((p_all, cs), dtype=dtype, buffer=nl.sbuf, name="w_staged")
+        nisa.dma_copy(dst=staged, src=w_row[0:1, c0 : c0 + cs].broadcast(0, p_all))
+        nisa.tensor_scalar(
+            dst=w_eff[0:p_all, c0 : c0 + cs], data=staged, op0=nl.add, operand0=offset
+        )
+    return w_eff
 
 
-def _dx_and_dw(dy_c, x_c, g_c, dx_c, k_col, r_col, dw, c0, first_rows, plan, p, cs):
-    """``dx_c = r * (x * k + g)`` and this chunk's ``r * dy * x`` summed over the tile's
-    rows into ``dw`` (PSUM accumulators, or folded into the fp32 SBUF accumulator)."""
-    t = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="x_k_g")
-    nisa.scalar_tensor_tensor(
-        dst=t, data=x_c, op0=nl.multiply, operand0=k_col, op1=nl.add, operand1=g_c
+def _split_bf16(dst_parts, value, p, f, name):
+    """Write the three bf16 parts of the fp32 ``value`` [p, f] (hi + mid + lo == value:
+    each part takes the next 8 significant bits, so three hold fp32's 24) into
+    ``dst_parts[i]`` ([p, f] bf16 views) and return them."""
+    rest = value
+    for i in range(3):
+        nisa.tensor_copy(dst=dst_parts[i], src=rest)
+        if i < 2:
+            nxt = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf, name=name)
+            nisa.tensor_tensor(dst=nxt, data1=rest, data2=dst_parts[i], op=nl.subtract)
+            rest = nxt
+    return dst_parts
+
+
+def _weight_parts(w, offset, plan, dtype):
+    """``[3, H]`` bf16: row i is part i of the fp32 ``offset + w`` (their sum is exact), the
+    moving tile of the K=3 TensorE broadcast (a ones stationary sums the parts in fp32).
+    Built chunk by chunk on one partition, each part then moved onto its own partition."""
+    h = plan.h
+    parts = nl.ndarray((3, h), dtype=nl.bfloat16, buffer=nl.sbuf, name="w_parts")
+    w_row = w.reshape((1, h))
+    for c0, cs in tiled(h, plan.h_chunk):
+        row = nl.ndarray((1, cs), dtype=dtype, buffer=nl.sbuf, name="w_row")
+        nisa.dma_copy(dst=row, src=w_row[0:1, c0 : c0 + cs])
+        value = nl.ndarray((1, cs), dtype=nl.float32, buffer=nl.sbuf, name="w_value")
+        nisa.tensor_scalar(dst=value, data=row, op0=nl.add, operand0=offset)
+        staged = []
+        for i in range(3):
+            staged.append(nl.ndarray((1, cs), dtype=nl.bfloat16, buffer=nl.sbuf, name="w_part"))
+        _split_bf16(staged, value, 1, cs, "w_rest")
+        for i in range(3):  # each part onto its own partition (SBUF to SBUF)
+            nisa.dma_copy(dst=parts[i : i + 1, c0 : c0 + cs], src=staged[i])
+    return parts
+
+
+def _identity(p_all):
+    """[p_all, p_all] bf16 identity (ones where partition == column)."""
+    ones = nl.ndarray((p_all, p_all), dtype=nl.bfloat16, buffer=nl.sbuf, name="ones_sq")
+    nisa.memset(dst=ones, value=1.0)
+    ident = nl.ndarray((p_all, p_all), dtype=nl.bfloat16, buffer=nl.sbuf, name="identity")
+    nisa.affine_select(
+        dst=ident,
+        pattern=[[-1, p_all]],
+        channel_multiplier=1,
+        on_true_tile=ones,
+        on_false_value=0.0,
+        cmp_op=nl.equal,
+        offset=0,
     )
-    nisa.activation(dst=dx_c, op=nl.copy, data=t, scale=r_col)
-    dyx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="dy_x")
-    nisa.tensor_tensor(
-        dst=dyx,
-        data1=dy_c,
-        data2=x_c,
-        op=nl.multiply,
-        engine=_engine(plan.product_engine != "vector"),
-    )
-    fmax = plan.matmul_fmax
-    for m0, ms in tiled(cs, fmax):
-        piece = (c0 + m0) // fmax
-        if plan.dw_in_psum:
-            nisa.nc_matmul(
-                dst=dw[piece][0:1, 0:ms],
-                stationary=r_col,
-                moving=dyx[0:p, m0 : m0 + ms],
-                accumulate=not first_rows,
-            )
-        else:
-            part = nl.ndarray((1, ms), dtype=nl.float32, buffer=nl.psum, name="dw_part")
-            nisa.nc_matmul(
-                dst=part, stationary=r_col, moving=dyx[0:p, m0 : m0 + ms], accumulate=False
-            )
-            acc = dw[0:1, c0 + m0 : c0 + m0 + ms]
-            if first_rows:
-                nisa.tensor_copy(dst=acc, src=part)
-            else:
-                nisa.tensor_tensor(dst=acc, data1=acc, data2=part, op=nl.add)
+    return ident
+
+
+def _diag_parts(k_col, ident, p, x_dtype):
+    """The stationaries whose matmuls with x sum to ``k * x``: diag(k) in three exact bf16
+    parts (fp32 x: one fp32 diag(k), as TensorE pairs fp32 only with fp32)."""
+    diags = []
+    if x_dtype == nl.float32:
+        d = nl.ndarray((p, p), dtype=nl.float32, buffer=nl.sbuf, name="diag_k")
+        nisa.tensor_scalar(dst=d, data=ident[0:p, 0:p], op0=nl.multiply, operand0=k_col)
+        diags.append(d)
+        return diags
+    rest = k_col
+    for i in range(3):
+        part = nl.ndarray((p, 1), dtype=nl.bfloat16, buffer=nl.sbuf, name="k_part")
+        nisa.tensor_copy(dst=part, src=rest)
+        part32 = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf, name="k_part32")
+        nisa.tensor_copy(dst=part32, src=part)
+        d = nl.ndarray((p, p), dtype=nl.bfloat16, buffer=nl.sbuf, name="diag_k")
+        nisa.tensor_scalar(dst=d, data=ident[0:p, 0:p], op0=nl.multiply, operand0=part32)
+        diags.append(d)
+        if i < 2:
+            nxt = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf, name="k_rest")
+            nisa.tensor_tensor(dst=nxt, data1=rest, data2=part32, op=nl.subtract)
+            rest = nxt
+    return diags
+
+
+def _w_bcast(ones3, w_parts, c0, ms, p):
+    """(offset + w)[c0 : c0 + ms] on ``p`` partitions in PSUM (fp32): the parts summed by
+    a K=3 matmul with a ones stationary."""
+    bc = nl.ndarray((p, ms), dtype=nl.float32, buffer=nl.psum, name="w_bcast")
+    nisa.nc_matmul(dst=bc, stationary=ones3[0:3, 0:p], moving=w_parts[0:3, c0 : c0 + ms])
+    return bc
 
 
 def _load_chunk(rows, tile, j, c0, cs, p, plan, dtype, name):
@@ -225,6 +288,22 @@ def _load_chunk(rows, tile, j, c0, cs, p, plan, dtype, name):
     chunk = nl.ndarray((p, cs), dtype=dtype, buffer=nl.sbuf, name=name)
     nisa.dma_copy(dst=chunk, src=rows[0:p, j, c0 : c0 + cs])
     return chunk
+
+
+def _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan):
+    """``g_c = dy * (offset + w)`` (fp32) for one chunk; returns the PSUM broadcasts of w
+    (per 512 columns) when the weight is broadcast on TensorE, else None."""
+    if plan.weight_broadcast == "dma":
+        nisa.tensor_tensor(dst=g_c, data1=dy_c, data2=w_eff[0:p, c0 : c0 + cs], op=nl.multiply)
+        return None
+    bcs = []
+    for m0, ms in tiled(cs, plan.matmul_fmax):
+        bc = _w_bcast(ones3, w_parts, c0 + m0, ms, p)
+        nisa.tensor_tensor(
+            dst=g_c[0:p, m0 : m0 + ms], data1=dy_c[0:p, m0 : m0 + ms], data2=bc, op=nl.multiply
+        )
+        bcs.append(bc)
+    return bcs
 
 
 @nki.jit
@@ -245,36 +324,52 @@ def rms_norm_bwd(dy, x, w, rstd, plan, offset):
     else:
         dw_out = nl.ndarray((plan.lnc, h), dtype=nl.float32, buffer=nl.shared_hbm, name="dw")
         dw_row = dw_out[core : core + 1, 0:h]
-    fmax = plan.matmul_fmax
-    pieces = tiled(h, fmax)
+    pmax = plan.pmax
+    blocks = tiled(h, pmax)  # dw's columns: block b's sums sit in column b, on partitions
     my_tiles = plan.core_tiles[core]
     if len(my_tiles) == 0:  # fewer row tiles than cores: this core's partial is zero
-        for q0, qs in pieces:
-            zero = nl.ndarray((1, qs), dtype=nl.float32, buffer=nl.sbuf, name="dw_out")
-            nisa.memset(dst=zero, value=0.0)
-            nisa.dma_copy(dst=dw_row[0:1, q0 : q0 + qs], src=zero)
+        zero = nl.ndarray((1, h), dtype=nl.float32, buffer=nl.sbuf, name="dw_out")
+        nisa.memset(dst=zero, value=0.0)
+        nisa.dma_copy(dst=dw_row, src=zero)
         return dx, dw_out
-    p_all = min(plan.pmax, n)
+    p_all = min(pmax, n)
     chunks = tiled(h, plan.h_chunk)
     n_chunks = len(chunks)
-    w_eff = _load_weight(w, offset, plan, p_all, x.dtype)
+    w_eff = None
+    if plan.w_in_sbuf:
+        w_eff = _resident_weight(w, offset, plan, p_all, x.dtype)
+    ones3 = w_parts = None
+    if plan.weight_broadcast == "tensor":
+        w_parts = _weight_parts(w, offset, plan, x.dtype)
+        ones3 = nl.ndarray((3, p_all), dtype=nl.bfloat16, buffer=nl.sbuf, name="ones3")
+        nisa.memset(dst=ones3, value=1.0)
+    ident = None
+    if plan.dx_combine == "tensor":
+        ident = _identity(p_all)
+        if x.dtype == nl.float32:
+            ident32 = nl.ndarray((p_all, p_all), dtype=nl.float32, buffer=nl.sbuf, name="id32")
+            nisa.tensor_copy(dst=ident32, src=ident)
+            ident = ident32
+    n_blocks = len(blocks)
     if plan.dw_in_psum:
-        dw = []
-        for _ in pieces:
-            dw.append(nl.ndarray((1, fmax), dtype=nl.float32, buffer=nl.psum, name="dw_psum"))
+        dw = nl.ndarray((pmax, n_blocks), dtype=nl.float32, buffer=nl.psum, name="dw_psum")
     else:
-        dw = nl.ndarray((1, h), dtype=nl.float32, buffer=nl.sbuf, name="dw_acc")
+        dw = nl.ndarray((pmax, n_blocks), dtype=nl.float32, buffer=nl.sbuf, name="dw_acc")
 
     first_tile = True
+    chunk_count = 0  # chunks done so far: alternates the row-sum product's engine
     for r0, p, g in my_tiles:
         dy_rows = dy[r0 : r0 + p * g, 0:h].reshape((p, g, h))
         x_rows = x[r0 : r0 + p * g, 0:h].reshape((p, g, h))
         dx_rows = dx[r0 : r0 + p * g, 0:h].reshape((p, g, h))
         r = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="rstd")
         nisa.dma_copy(dst=r, src=rstd[r0 : r0 + p * g].reshape((p, g)))
-        # k = -r^2 * sum(g * x) / H, per row
         sums = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="sum_gx")
         k = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="k")
+        if plan.dw_in_psum:
+            dw_tile = dw
+        else:
+            dw_tile = nl.ndarray((pmax, n_blocks), dtype=nl.float32, buffer=nl.psum, name="dw_part")
         dyt = xt = dxt = None
         if not plan.two_pass:
             dyt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="dy_tile")
@@ -284,8 +379,10 @@ def rms_norm_bwd(dy, x, w, rstd, plan, offset):
             nisa.dma_copy(dst=xt, src=x_rows)
         for j in range(g):
             r_col = r[0:p, j : j + 1]
+            first_sum = first_tile and j == 0 if plan.dw_in_psum else j == 0
             if not plan.two_pass:
                 g_row = nl.ndarray((p, h), dtype=nl.float32, buffer=nl.sbuf, name="g_row")
+            # pass 1: dy * x -> dw (TensorE) and sum((dy * x) * w) -> s (ScalarE); g kept
             for c, (c0, cs) in enumerate(chunks):
                 dy_c = _load_chunk(dy_rows, dyt, j, c0, cs, p, plan, x.dtype, "dy_chunk")
                 x_c = _load_chunk(x_rows, xt, j, c0, cs, p, plan, x.dtype, "x_chunk")
@@ -293,52 +390,117 @@ def rms_norm_bwd(dy, x, w, rstd, plan, offset):
                     g_c = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="g_chunk")
                 else:
                     g_c = g_row[0:p, c0 : c0 + cs]
-                _row_sum_gx(
-                    dy_c,
-                    x_c,
-                    w_eff[0:p, c0 : c0 + cs],
-                    g_c,
-                    sums,
-                    j,
-                    c == 0,
-                    c == n_chunks - 1,
-                    p,
-                    cs,
-                    _engine(plan.product_engine == "gpsimd_both"),
+                dyx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="dy_x")
+                nisa.tensor_tensor(
+                    dst=dyx,
+                    data1=dy_c,
+                    data2=x_c,
+                    op=nl.multiply,
+                    engine=_engine(plan.product_engine != "vector"),
                 )
+                # dw: the stationary dyx block against the rstd column sums r * dy * x
+                # over the tile's rows onto the block's partitions (column b of dw)
+                for b0, bs in tiled(cs, pmax):
+                    b = (c0 + b0) // pmax
+                    nisa.nc_matmul(
+                        dst=dw_tile[0:bs, b : b + 1],
+                        stationary=dyx[0:p, b0 : b0 + bs],
+                        moving=r_col,
+                        accumulate=not first_sum,
+                    )
+                bcs = _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan)
+                gx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="gx")
+                on_gpsimd = plan.product_engine == "gpsimd_both" and chunk_count % 2 == 1
+                if bcs is None or on_gpsimd:
+                    nisa.tensor_tensor(
+                        dst=gx,
+                        data1=dyx,
+                        data2=w_eff[0:p, c0 : c0 + cs],
+                        op=nl.multiply,
+                        engine=_engine(on_gpsimd),
+                    )
+                else:
+                    for q, (m0, ms) in enumerate(tiled(cs, plan.matmul_fmax)):
+                        nisa.tensor_tensor(
+                            dst=gx[0:p, m0 : m0 + ms],
+                            data1=dyx[0:p, m0 : m0 + ms],
+                            data2=bcs[q],
+                            op=nl.multiply,
+                        )
+                chunk_count += 1
+                nisa.activation(
+                    dst=gx,
+                    op=nl.copy,
+                    data=gx,
+                    reduce_op=nl.add,
+                    reduce_res=sums[0:p, j : j + 1] if c == n_chunks - 1 else None,
+                    reduce_cmd=nisa.reduce_cmd.reset_reduce if c == 0 else nisa.reduce_cmd.reduce,
+                )
+            # k = -r^2 * sum(g * x) / H, per row
             k_col = k[0:p, j : j + 1]
             nisa.tensor_tensor(dst=k_col, data1=r_col, data2=r_col, op=nl.multiply)
             nisa.tensor_tensor(dst=k_col, data1=k_col, data2=sums[0:p, j : j + 1], op=nl.multiply)
             nisa.tensor_scalar(dst=k_col, data=k_col, op0=nl.multiply, operand0=-1.0 / h)
+            diags = None
+            if plan.dx_combine == "tensor":
+                diags = _diag_parts(k_col, ident, p, x.dtype)
+            # pass 2: dx = r * (x * k + g)
             for c0, cs in chunks:
                 dy_c = _load_chunk(dy_rows, dyt, j, c0, cs, p, plan, x.dtype, "dy_chunk")
                 x_c = _load_chunk(x_rows, xt, j, c0, cs, p, plan, x.dtype, "x_chunk")
                 if plan.two_pass:  # g again, from the re-read dy
                     g_c = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="g_chunk")
-                    nisa.tensor_tensor(
-                        dst=g_c, data1=dy_c, data2=w_eff[0:p, c0 : c0 + cs], op=nl.multiply
-                    )
+                    _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan)
                     dx_c = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="dx_chunk")
                 else:
                     g_c = g_row[0:p, c0 : c0 + cs]
                     dx_c = dxt[0:p, j, c0 : c0 + cs]
-                _dx_and_dw(
-                    dy_c, x_c, g_c, dx_c, k_col, r_col, dw, c0, first_tile and j == 0, plan, p, cs
-                )
+                t = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="x_k_g")
+                if diags is None:
+                    nisa.scalar_tensor_tensor(
+                        dst=t, data=x_c, op0=nl.multiply, operand0=k_col, op1=nl.add, operand1=g_c
+                    )
+                else:
+                    for m0, ms in tiled(cs, plan.matmul_fmax):
+                        kx = nl.ndarray((p, ms), dtype=nl.float32, buffer=nl.psum, name="k_x")
+                        for i, d in enumerate(diags):
+                            nisa.nc_matmul(
+                                dst=kx,
+                                stationary=d,
+                                moving=x_c[0:p, m0 : m0 + ms],
+                                accumulate=i > 0,
+                            )
+                        nisa.tensor_tensor(
+                            dst=t[0:p, m0 : m0 + ms],
+                            data1=g_c[0:p, m0 : m0 + ms],
+                            data2=kx,
+                            op=nl.add,
+                        )
+                nisa.activation(dst=dx_c, op=nl.copy, data=t, scale=r_col)
                 if plan.two_pass:
                     nisa.dma_copy(dst=dx_rows[0:p, j, c0 : c0 + cs], src=dx_c)
         if not plan.two_pass:
             nisa.dma_copy(dst=dx_rows, src=dxt)
+        if not plan.dw_in_psum:  # fold this tile's dw columns into the fp32 accumulator
+            if first_tile:
+                nisa.tensor_copy(dst=dw, src=dw_tile)
+            else:
+                nisa.tensor_tensor(dst=dw, data1=dw, data2=dw_tile, op=nl.add)
         first_tile = False
 
-    # dw rounds once to w's dtype (LNC=1), or this core's fp32 partial is written as it is,
-    # one matmul-width piece at a time.
+    # dw rounds once to w's dtype (LNC=1), or this core's fp32 partial is written as it is;
+    # column b of the [128, blocks] sums holds dw[b * 128 : b * 128 + 128] on its partitions
     out_dtype = w.dtype if plan.lnc == 1 else nl.float32
-    for q, (q0, qs) in enumerate(pieces):
-        dw_low = nl.ndarray((1, qs), dtype=out_dtype, buffer=nl.sbuf, name="dw_out")
-        src = dw[q][0:1, 0:qs] if plan.dw_in_psum else dw[0:1, q0 : q0 + qs]
-        nisa.tensor_copy(dst=dw_low, src=src)
-        nisa.dma_copy(dst=dw_row[0:1, q0 : q0 + qs], src=dw_low)
+    dw_low = nl.ndarray((pmax, n_blocks), dtype=out_dtype, buffer=nl.sbuf, name="dw_out")
+    nisa.tensor_copy(dst=dw_low, src=dw)
+    full = h // pmax
+    if full > 0:
+        dst = dw_row[0:1, 0 : full * pmax].reshape((full, pmax)).permute((1, 0))
+        nisa.dma_copy(dst=dst, src=dw_low[0:pmax, 0:full])
+    if full < n_blocks:
+        tail = h - full * pmax
+        dst = dw_row[0:1, full * pmax : h].reshape((tail, 1))
+        nisa.dma_copy(dst=dst, src=dw_low[0:tail, full : full + 1])
     return dx, dw_out
 
 
