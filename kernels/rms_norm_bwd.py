@@ -153,8 +153,10 @@ def plan(
     resident += 0 if in_psum else blocks * 4  # fp32 dw accumulator
     resident += 2 * pmax * 4 if config.dx_combine == "tensor" else 0  # identity, diag(k)
     resident += blocks * 4 + 4 * (6 * g + 2)  # dw out; rstd, sums, factors
-    scratch = 3 * chunk * 4  # dy * x, its w product, x * k + g (fp32)
-    one_pass = resident + scratch + 3 * g * h * item + h * 4  # dy, x, dx tiles; fp32 g row
+    scratch = 3 * chunk * 4 + chunk * item  # dy * x, its w product, x * k + g; dx chunk
+    # two row tiles in flight (pass 1 of the next beside pass 2 of this one): dy and x
+    # tiles and the fp32 g row of each
+    one_pass = resident + scratch + 2 * (2 * g * h * item + h * 4)
     two_pass = one_pass > target.sbuf_usable_bytes
     return rows_plan(
         RmsNormBwdPlan,
@@ -169,7 +171,9 @@ def plan(
         dx_combine=config.dx_combine,
         w_in_sbuf=w_in_sbuf,
         dw_blocks=blocks,
-        sbuf_bytes=resident + scratch + 3 * g * chunk * item + chunk * 4 if two_pass else one_pass,
+        sbuf_bytes=resident + scratch + 2 * (2 * chunk * item + chunk * 4)
+        if two_pass
+        else one_pass,
         psum_banks=banks,
     )
 
@@ -306,6 +310,154 @@ def _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan):
     return bcs
 
 
+@dataclass
+class RowTile(nl.NKIObject):
+    """One row tile's state, kept from its first pass-1 unit to its last pass-2 unit."""
+
+    p: int  # partitions (rows per partition: rows_per_partition or 1)
+    dy_rows: object  # [p, g, H] HBM views of dy, x and dx
+    x_rows: object
+    dx_rows: object
+    r: object  # [p, g] fp32 rstd
+    sums: object  # [p, g] fp32 row sums of (dy * x) * w
+    k: object  # [p, g] fp32 -r^2 * sum / H
+    dyt: object  # [p, g, H] resident dy and x (one pass), else None
+    xt: object
+    dw_part: object  # this tile's [128, blocks] dw columns (dw_reduce sbuf), else None
+
+
+def _open_tile(dy, x, dx, rstd, r0, p, g, plan):
+    """Load a row tile's rstd (and, in one pass, its dy and x rows) and make its state."""
+    h, pmax = plan.h, plan.pmax
+    dy_rows = dy[r0 : r0 + p * g, 0:h].reshape((p, g, h))
+    x_rows = x[r0 : r0 + p * g, 0:h].reshape((p, g, h))
+    dx_rows = dx[r0 : r0 + p * g, 0:h].reshape((p, g, h))
+    r = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="rstd")
+    nisa.dma_copy(dst=r, src=rstd[r0 : r0 + p * g].reshape((p, g)))
+    sums = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="sum_gx")
+    k = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="k")
+    dyt = xt = dw_part = None
+    if not plan.two_pass:
+        dyt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="dy_tile")
+        xt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="x_tile")
+        nisa.dma_copy(dst=dyt, src=dy_rows)
+        nisa.dma_copy(dst=xt, src=x_rows)
+    if not plan.dw_in_psum:
+        dw_part = nl.ndarray(
+            (pmax, plan.dw_blocks), dtype=nl.float32, buffer=nl.psum, name="dw_part"
+        )
+    return RowTile(p, dy_rows, x_rows, dx_rows, r, sums, k, dyt, xt, dw_part)
+
+
+def _pass_one(ts, j, first_sum, dw, w_eff, ones3, w_parts, plan, dtype, unit):
+    """Row ``j`` of tile ``ts``, pass 1: dy * x (fp32) into dw (TensorE), g = dy * w kept
+    (one pass) and the row sum of (dy * x) * w (ScalarE register chain). Returns g's row."""
+    p, h, pmax = ts.p, plan.h, plan.pmax
+    chunks = tiled(h, plan.h_chunk)
+    n_chunks = len(chunks)
+    r_col = ts.r[0:p, j : j + 1]
+    dw_dst = dw if plan.dw_in_psum else ts.dw_part
+    g_row = None
+    if not plan.two_pass:
+        g_row = nl.ndarray((p, h), dtype=nl.float32, buffer=nl.sbuf, name="g_row")
+    for c, (c0, cs) in enumerate(chunks):
+        dy_c = _load_chunk(ts.dy_rows, ts.dyt, j, c0, cs, p, plan, dtype, "dy_chunk")
+        x_c = _load_chunk(ts.x_rows, ts.xt, j, c0, cs, p, plan, dtype, "x_chunk")
+        if plan.two_pass:
+            g_c = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="g_chunk")
+        else:
+            g_c = g_row[0:p, c0 : c0 + cs]
+        dyx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="dy_x")
+        nisa.tensor_tensor(
+            dst=dyx,
+            data1=dy_c,
+            data2=x_c,
+            op=nl.multiply,
+            engine=_engine(plan.product_engine != "vector"),
+        )
+        # dw: the stationary dy*x block against the moving rstd column sums r * dy * x
+        # over the tile's rows onto the block's partitions (column b of dw)
+        for b0, bs in tiled(cs, pmax):
+            b = (c0 + b0) // pmax
+            nisa.nc_matmul(
+                dst=dw_dst[0:bs, b : b + 1],
+                stationary=dyx[0:p, b0 : b0 + bs],
+                moving=r_col,
+                accumulate=not first_sum,
+            )
+        bcs = _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan)
+        gx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="gx")
+        on_gpsimd = plan.product_engine == "gpsimd_both" and (unit * n_chunks + c) % 2 == 1
+        if bcs is None or on_gpsimd:
+            nisa.tensor_tensor(
+                dst=gx,
+                data1=dyx,
+                data2=w_eff[0:p, c0 : c0 + cs],
+                op=nl.multiply,
+                engine=_engine(on_gpsimd),
+            )
+        else:
+            for q, (m0, ms) in enumerate(tiled(cs, plan.matmul_fmax)):
+                nisa.tensor_tensor(
+                    dst=gx[0:p, m0 : m0 + ms],
+                    data1=dyx[0:p, m0 : m0 + ms],
+                    data2=bcs[q],
+                    op=nl.multiply,
+                )
+        nisa.activation(
+            dst=gx,
+            op=nl.copy,
+            data=gx,
+            reduce_op=nl.add,
+            reduce_res=ts.sums[0:p, j : j + 1] if c == n_chunks - 1 else None,
+            reduce_cmd=nisa.reduce_cmd.reset_reduce if c == 0 else nisa.reduce_cmd.reduce,
+        )
+    return g_row
+
+
+def _pass_two(ts, j, g_row, w_eff, ones3, w_parts, ident, plan, dtype):
+    """Row ``j`` of tile ``ts``, pass 2: k from the row sum, then dx = r * (x * k + g)
+    chunk by chunk, each chunk stored as it is done."""
+    p, h = ts.p, plan.h
+    r_col = ts.r[0:p, j : j + 1]
+    k_col = ts.k[0:p, j : j + 1]
+    nisa.tensor_tensor(dst=k_col, data1=r_col, data2=r_col, op=nl.multiply)
+    nisa.tensor_tensor(dst=k_col, data1=k_col, data2=ts.sums[0:p, j : j + 1], op=nl.multiply)
+    nisa.tensor_scalar(dst=k_col, data=k_col, op0=nl.multiply, operand0=-1.0 / h)
+    diags = None
+    if plan.dx_combine == "tensor":
+        diags = _diag_parts(k_col, ident, p, dtype)
+    for c0, cs in tiled(h, plan.h_chunk):
+        x_c = _load_chunk(ts.x_rows, ts.xt, j, c0, cs, p, plan, dtype, "x_chunk")
+        if plan.two_pass:  # g again, from the re-read dy
+            dy_c = _load_chunk(ts.dy_rows, ts.dyt, j, c0, cs, p, plan, dtype, "dy_chunk")
+            g_c = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="g_chunk")
+            _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan)
+        else:
+            g_c = g_row[0:p, c0 : c0 + cs]
+        t = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="x_k_g")
+        if diags is None:
+            nisa.scalar_tensor_tensor(
+                dst=t, data=x_c, op0=nl.multiply, operand0=k_col, op1=nl.add, operand1=g_c
+            )
+        else:
+            for m0, ms in tiled(cs, plan.matmul_fmax):
+                kx = nl.ndarray((p, ms), dtype=nl.float32, buffer=nl.psum, name="k_x")
+                for i in range(len(diags)):
+                    nisa.nc_matmul(
+                        dst=kx,
+                        stationary=diags[i],
+                        moving=x_c[0:p, m0 : m0 + ms],
+                        accumulate=i > 0,
+                    )
+                nisa.tensor_tensor(
+                    dst=t[0:p, m0 : m0 + ms], data1=g_c[0:p, m0 : m0 + ms], data2=kx, op=nl.add
+                )
+        dx_c = nl.ndarray((p, cs), dtype=dtype, buffer=nl.sbuf, name="dx_chunk")
+        nisa.activation(dst=dx_c, op=nl.copy, data=t, scale=r_col)
+        nisa.dma_copy(dst=ts.dx_rows[0:p, j, c0 : c0 + cs], src=dx_c)
+
+
 @nki.jit
 def rms_norm_bwd(dy, x, w, rstd, plan, offset):
     """RMSNorm gradients for ``dy, x [N, H]``, ``w [H]`` (all one dtype) and the forward's
@@ -333,8 +485,6 @@ def rms_norm_bwd(dy, x, w, rstd, plan, offset):
         nisa.dma_copy(dst=dw_row, src=zero)
         return dx, dw_out
     p_all = min(pmax, n)
-    chunks = tiled(h, plan.h_chunk)
-    n_chunks = len(chunks)
     w_eff = None
     if plan.w_in_sbuf:
         w_eff = _resident_weight(w, offset, plan, p_all, x.dtype)
@@ -356,137 +506,34 @@ def rms_norm_bwd(dy, x, w, rstd, plan, offset):
     else:
         dw = nl.ndarray((pmax, n_blocks), dtype=nl.float32, buffer=nl.sbuf, name="dw_acc")
 
-    first_tile = True
-    chunk_count = 0  # chunks done so far: alternates the row-sum product's engine
-    for r0, p, g in my_tiles:
-        dy_rows = dy[r0 : r0 + p * g, 0:h].reshape((p, g, h))
-        x_rows = x[r0 : r0 + p * g, 0:h].reshape((p, g, h))
-        dx_rows = dx[r0 : r0 + p * g, 0:h].reshape((p, g, h))
-        r = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="rstd")
-        nisa.dma_copy(dst=r, src=rstd[r0 : r0 + p * g].reshape((p, g)))
-        sums = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="sum_gx")
-        k = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="k")
-        if plan.dw_in_psum:
-            dw_tile = dw
-        else:
-            dw_tile = nl.ndarray((pmax, n_blocks), dtype=nl.float32, buffer=nl.psum, name="dw_part")
-        dyt = xt = dxt = None
-        if not plan.two_pass:
-            dyt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="dy_tile")
-            xt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="x_tile")
-            dxt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="dx_tile")
-            nisa.dma_copy(dst=dyt, src=dy_rows)
-            nisa.dma_copy(dst=xt, src=x_rows)
-        for j in range(g):
-            r_col = r[0:p, j : j + 1]
-            first_sum = first_tile and j == 0 if plan.dw_in_psum else j == 0
-            if not plan.two_pass:
-                g_row = nl.ndarray((p, h), dtype=nl.float32, buffer=nl.sbuf, name="g_row")
-            # pass 1: dy * x -> dw (TensorE) and sum((dy * x) * w) -> s (ScalarE); g kept
-            for c, (c0, cs) in enumerate(chunks):
-                dy_c = _load_chunk(dy_rows, dyt, j, c0, cs, p, plan, x.dtype, "dy_chunk")
-                x_c = _load_chunk(x_rows, xt, j, c0, cs, p, plan, x.dtype, "x_chunk")
-                if plan.two_pass:
-                    g_c = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="g_chunk")
+    # Row units (row j of a tile) are software-pipelined: pass 1 of unit u + 1 is issued
+    # before pass 2 of unit u, so the in-order engines have the next unit's products to
+    # run while unit u's k waits for its row sum (ScalarE) to finish.
+    units = []
+    for ti in range(len(my_tiles)):
+        for j in range(my_tiles[ti][2]):
+            units.append((ti, j))
+    tiles = []
+    pending = None  # (tile, j, g row) whose pass 2 is due
+    for u in range(len(units) + 1):
+        current = None
+        if u < len(units):
+            ti, j = units[u]
+            r0, p, g = my_tiles[ti]
+            if j == 0:
+                tiles.append(_open_tile(dy, x, dx, rstd, r0, p, g, plan))
+            first_sum = u == 0 if plan.dw_in_psum else j == 0
+            g_row = _pass_one(tiles[ti], j, first_sum, dw, w_eff, ones3, w_parts, plan, x.dtype, u)
+            current = (ti, j, g_row)
+        if pending is not None:
+            pti, pj, pg_row = pending
+            _pass_two(tiles[pti], pj, pg_row, w_eff, ones3, w_parts, ident, plan, x.dtype)
+            if not plan.dw_in_psum and pj == my_tiles[pti][2] - 1:  # fold the tile's dw
+                if pti == 0:
+                    nisa.tensor_copy(dst=dw, src=tiles[pti].dw_part)
                 else:
-                    g_c = g_row[0:p, c0 : c0 + cs]
-                dyx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="dy_x")
-                nisa.tensor_tensor(
-                    dst=dyx,
-                    data1=dy_c,
-                    data2=x_c,
-                    op=nl.multiply,
-                    engine=_engine(plan.product_engine != "vector"),
-                )
-                # dw: the stationary dyx block against the rstd column sums r * dy * x
-                # over the tile's rows onto the block's partitions (column b of dw)
-                for b0, bs in tiled(cs, pmax):
-                    b = (c0 + b0) // pmax
-                    nisa.nc_matmul(
-                        dst=dw_tile[0:bs, b : b + 1],
-                        stationary=dyx[0:p, b0 : b0 + bs],
-                        moving=r_col,
-                        accumulate=not first_sum,
-                    )
-                bcs = _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan)
-                gx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="gx")
-                on_gpsimd = plan.product_engine == "gpsimd_both" and chunk_count % 2 == 1
-                if bcs is None or on_gpsimd:
-                    nisa.tensor_tensor(
-                        dst=gx,
-                        data1=dyx,
-                        data2=w_eff[0:p, c0 : c0 + cs],
-                        op=nl.multiply,
-                        engine=_engine(on_gpsimd),
-                    )
-                else:
-                    for q, (m0, ms) in enumerate(tiled(cs, plan.matmul_fmax)):
-                        nisa.tensor_tensor(
-                            dst=gx[0:p, m0 : m0 + ms],
-                            data1=dyx[0:p, m0 : m0 + ms],
-                            data2=bcs[q],
-                            op=nl.multiply,
-                        )
-                chunk_count += 1
-                nisa.activation(
-                    dst=gx,
-                    op=nl.copy,
-                    data=gx,
-                    reduce_op=nl.add,
-                    reduce_res=sums[0:p, j : j + 1] if c == n_chunks - 1 else None,
-                    reduce_cmd=nisa.reduce_cmd.reset_reduce if c == 0 else nisa.reduce_cmd.reduce,
-                )
-            # k = -r^2 * sum(g * x) / H, per row
-            k_col = k[0:p, j : j + 1]
-            nisa.tensor_tensor(dst=k_col, data1=r_col, data2=r_col, op=nl.multiply)
-            nisa.tensor_tensor(dst=k_col, data1=k_col, data2=sums[0:p, j : j + 1], op=nl.multiply)
-            nisa.tensor_scalar(dst=k_col, data=k_col, op0=nl.multiply, operand0=-1.0 / h)
-            diags = None
-            if plan.dx_combine == "tensor":
-                diags = _diag_parts(k_col, ident, p, x.dtype)
-            # pass 2: dx = r * (x * k + g)
-            for c0, cs in chunks:
-                dy_c = _load_chunk(dy_rows, dyt, j, c0, cs, p, plan, x.dtype, "dy_chunk")
-                x_c = _load_chunk(x_rows, xt, j, c0, cs, p, plan, x.dtype, "x_chunk")
-                if plan.two_pass:  # g again, from the re-read dy
-                    g_c = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="g_chunk")
-                    _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan)
-                    dx_c = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="dx_chunk")
-                else:
-                    g_c = g_row[0:p, c0 : c0 + cs]
-                    dx_c = dxt[0:p, j, c0 : c0 + cs]
-                t = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="x_k_g")
-                if diags is None:
-                    nisa.scalar_tensor_tensor(
-                        dst=t, data=x_c, op0=nl.multiply, operand0=k_col, op1=nl.add, operand1=g_c
-                    )
-                else:
-                    for m0, ms in tiled(cs, plan.matmul_fmax):
-                        kx = nl.ndarray((p, ms), dtype=nl.float32, buffer=nl.psum, name="k_x")
-                        for i, d in enumerate(diags):
-                            nisa.nc_matmul(
-                                dst=kx,
-                                stationary=d,
-                                moving=x_c[0:p, m0 : m0 + ms],
-                                accumulate=i > 0,
-                            )
-                        nisa.tensor_tensor(
-                            dst=t[0:p, m0 : m0 + ms],
-                            data1=g_c[0:p, m0 : m0 + ms],
-                            data2=kx,
-                            op=nl.add,
-                        )
-                nisa.activation(dst=dx_c, op=nl.copy, data=t, scale=r_col)
-                if plan.two_pass:
-                    nisa.dma_copy(dst=dx_rows[0:p, j, c0 : c0 + cs], src=dx_c)
-        if not plan.two_pass:
-            nisa.dma_copy(dst=dx_rows, src=dxt)
-        if not plan.dw_in_psum:  # fold this tile's dw columns into the fp32 accumulator
-            if first_tile:
-                nisa.tensor_copy(dst=dw, src=dw_tile)
-            else:
-                nisa.tensor_tensor(dst=dw, data1=dw, data2=dw_tile, op=nl.add)
-        first_tile = False
+                    nisa.tensor_tensor(dst=dw, data1=dw, data2=tiles[pti].dw_part, op=nl.add)
+        pending = current
 
     # dw rounds once to w's dtype (LNC=1), or this core's fp32 partial is written as it is;
     # column b of the [128, blocks] sums holds dw[b * 128 : b * 128 + 128] on its partitions
