@@ -349,10 +349,24 @@ def _open_tile(dy, x, dx, rstd, r0, p, g, plan):
     return RowTile(p, dy_rows, x_rows, dx_rows, r, sums, k, dyt, xt, dw_part)
 
 
+def _dw_matmuls(dw_dst, dyx, r_col, c0, p, first_sum, plan):
+    """dw of one chunk: each [p, 128] block of dy*x (stationary) against the moving rstd
+    column sums r * dy * x over the tile's rows onto the block's partitions (column b)."""
+    pmax = plan.pmax
+    for b0, bs in tiled(dyx.shape[1], pmax):
+        b = (c0 + b0) // pmax
+        nisa.nc_matmul(
+            dst=dw_dst[0:bs, b : b + 1],
+            stationary=dyx[0:p, b0 : b0 + bs],
+            moving=r_col,
+            accumulate=not first_sum,
+        )
+
+
 def _pass_one(ts, j, first_sum, dw, w_eff, ones3, w_parts, plan, dtype, unit):
     """Row ``j`` of tile ``ts``, pass 1: dy * x (fp32) into dw (TensorE), g = dy * w kept
     (one pass) and the row sum of (dy * x) * w (ScalarE register chain). Returns g's row."""
-    p, h, pmax = ts.p, plan.h, plan.pmax
+    p, h = ts.p, plan.h
     chunks = tiled(h, plan.h_chunk)
     n_chunks = len(chunks)
     r_col = ts.r[0:p, j : j + 1]
@@ -360,6 +374,8 @@ def _pass_one(ts, j, first_sum, dw, w_eff, ones3, w_parts, plan, dtype, unit):
     g_row = None
     if not plan.two_pass:
         g_row = nl.ndarray((p, h), dtype=nl.float32, buffer=nl.sbuf, name="g_row")
+    prev_dyx = None
+    prev_c0 = 0
     for c, (c0, cs) in enumerate(chunks):
         dy_c = _load_chunk(ts.dy_rows, ts.dyt, j, c0, cs, p, plan, dtype, "dy_chunk")
         x_c = _load_chunk(ts.x_rows, ts.xt, j, c0, cs, p, plan, dtype, "x_chunk")
@@ -367,6 +383,10 @@ def _pass_one(ts, j, first_sum, dw, w_eff, ones3, w_parts, plan, dtype, unit):
             g_c = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="g_chunk")
         else:
             g_c = g_row[0:p, c0 : c0 + cs]
+        bcs = _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan)
+        # dw of the previous chunk: TensorE has this chunk's w broadcast queued first
+        if prev_dyx is not None:
+            _dw_matmuls(dw_dst, prev_dyx, r_col, prev_c0, p, first_sum, plan)
         dyx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="dy_x")
         nisa.tensor_tensor(
             dst=dyx,
@@ -375,17 +395,6 @@ def _pass_one(ts, j, first_sum, dw, w_eff, ones3, w_parts, plan, dtype, unit):
             op=nl.multiply,
             engine=_engine(plan.product_engine != "vector"),
         )
-        # dw: the stationary dy*x block against the moving rstd column sums r * dy * x
-        # over the tile's rows onto the block's partitions (column b of dw)
-        for b0, bs in tiled(cs, pmax):
-            b = (c0 + b0) // pmax
-            nisa.nc_matmul(
-                dst=dw_dst[0:bs, b : b + 1],
-                stationary=dyx[0:p, b0 : b0 + bs],
-                moving=r_col,
-                accumulate=not first_sum,
-            )
-        bcs = _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan)
         gx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="gx")
         on_gpsimd = plan.product_engine == "gpsimd_both" and (unit * n_chunks + c) % 2 == 1
         if bcs is None or on_gpsimd:
@@ -412,6 +421,9 @@ def _pass_one(ts, j, first_sum, dw, w_eff, ones3, w_parts, plan, dtype, unit):
             reduce_res=ts.sums[0:p, j : j + 1] if c == n_chunks - 1 else None,
             reduce_cmd=nisa.reduce_cmd.reset_reduce if c == 0 else nisa.reduce_cmd.reduce,
         )
+        prev_dyx = dyx
+        prev_c0 = c0
+    _dw_matmuls(dw_dst, prev_dyx, r_col, prev_c0, p, first_sum, plan)
     return g_row
 
 
