@@ -251,27 +251,36 @@ def _identity(p_all):
     return ident
 
 
-def _diag_parts(k_col, ident, p, x_dtype):
-    """The stationaries whose matmuls with x sum to ``k * x``: diag(k) in three exact bf16
-    parts (fp32 x: one fp32 diag(k), as TensorE pairs fp32 only with fp32)."""
+def _k_and_diags(ts, j, ident, plan, dtype):
+    """``k = -r^2 * sum / H`` for row ``j`` of ``ts`` and, for ``dx_combine="tensor"``, the
+    stationaries whose matmuls with x sum to ``k * x``: diag(k) in three exact bf16 parts
+    (fp32 x: one fp32 diag(k), as TensorE pairs fp32 only with fp32). On ScalarE (a short
+    dependent chain the busy VectorE would stall on), issued as soon as the sum exists."""
+    p = ts.p
+    r_col = ts.r[0:p, j : j + 1]
+    k_col = ts.k[0:p, j : j + 1]
+    sr = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf, name="sum_r")
+    nisa.activation(dst=sr, op=nl.copy, data=ts.sums[0:p, j : j + 1], scale=r_col)
+    nisa.activation(dst=k_col, op=nl.copy, data=sr, scale=r_col)
+    nisa.activation(dst=k_col, op=nl.copy, data=k_col, scale=-1.0 / plan.h)
     diags = []
-    if x_dtype == nl.float32:
+    if plan.dx_combine != "tensor":
+        return diags
+    if dtype == nl.float32:
         d = nl.ndarray((p, p), dtype=nl.float32, buffer=nl.sbuf, name="diag_k")
-        nisa.tensor_scalar(dst=d, data=ident[0:p, 0:p], op0=nl.multiply, operand0=k_col)
+        nisa.activation(dst=d, op=nl.copy, data=ident[0:p, 0:p], scale=k_col)
         diags.append(d)
         return diags
     rest = k_col
     for i in range(3):
-        part = nl.ndarray((p, 1), dtype=nl.bfloat16, buffer=nl.sbuf, name="k_part")
-        nisa.tensor_copy(dst=part, src=rest)
-        part32 = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf, name="k_part32")
-        nisa.tensor_copy(dst=part32, src=part)
         d = nl.ndarray((p, p), dtype=nl.bfloat16, buffer=nl.sbuf, name="diag_k")
-        nisa.tensor_scalar(dst=d, data=ident[0:p, 0:p], op0=nl.multiply, operand0=part32)
+        nisa.activation(dst=d, op=nl.copy, data=ident[0:p, 0:p], scale=rest)
         diags.append(d)
-        if i < 2:
+        if i < 2:  # rest - bf16(rest): exact in fp32
+            part = nl.ndarray((p, 1), dtype=nl.bfloat16, buffer=nl.sbuf, name="k_part")
+            nisa.activation(dst=part, op=nl.copy, data=rest)
             nxt = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf, name="k_rest")
-            nisa.tensor_tensor(dst=nxt, data1=rest, data2=part32, op=nl.subtract)
+            nisa.activation(dst=nxt, op=nl.copy, data=part, scale=-1.0, bias=rest)
             rest = nxt
     return diags
 
@@ -427,18 +436,12 @@ def _pass_one(ts, j, first_sum, dw, w_eff, ones3, w_parts, plan, dtype, unit):
     return g_row
 
 
-def _pass_two(ts, j, g_row, w_eff, ones3, w_parts, ident, plan, dtype):
-    """Row ``j`` of tile ``ts``, pass 2: k from the row sum, then dx = r * (x * k + g)
+def _pass_two(ts, j, g_row, diags, w_eff, ones3, w_parts, plan, dtype):
+    """Row ``j`` of tile ``ts``, pass 2 (k and its diagonals made): dx = r * (x * k + g)
     chunk by chunk, each chunk stored as it is done."""
     p, h = ts.p, plan.h
     r_col = ts.r[0:p, j : j + 1]
     k_col = ts.k[0:p, j : j + 1]
-    nisa.tensor_tensor(dst=k_col, data1=r_col, data2=r_col, op=nl.multiply)
-    nisa.tensor_tensor(dst=k_col, data1=k_col, data2=ts.sums[0:p, j : j + 1], op=nl.multiply)
-    nisa.tensor_scalar(dst=k_col, data=k_col, op0=nl.multiply, operand0=-1.0 / h)
-    diags = None
-    if plan.dx_combine == "tensor":
-        diags = _diag_parts(k_col, ident, p, dtype)
     for c0, cs in tiled(h, plan.h_chunk):
         x_c = _load_chunk(ts.x_rows, ts.xt, j, c0, cs, p, plan, dtype, "x_chunk")
         if plan.two_pass:  # g again, from the re-read dy
@@ -448,7 +451,7 @@ def _pass_two(ts, j, g_row, w_eff, ones3, w_parts, ident, plan, dtype):
         else:
             g_c = g_row[0:p, c0 : c0 + cs]
         t = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="x_k_g")
-        if diags is None:
+        if len(diags) == 0:
             nisa.scalar_tensor_tensor(
                 dst=t, data=x_c, op0=nl.multiply, operand0=k_col, op1=nl.add, operand1=g_c
             )
@@ -526,7 +529,7 @@ def rms_norm_bwd(dy, x, w, rstd, plan, offset):
         for j in range(my_tiles[ti][2]):
             units.append((ti, j))
     tiles = []
-    pending = None  # (tile, j, g row) whose pass 2 is due
+    pending = None  # (tile, j, g row, diagonals of k) whose pass 2 is due
     for u in range(len(units) + 1):
         current = None
         if u < len(units):
@@ -536,10 +539,10 @@ def rms_norm_bwd(dy, x, w, rstd, plan, offset):
                 tiles.append(_open_tile(dy, x, dx, rstd, r0, p, g, plan))
             first_sum = u == 0 if plan.dw_in_psum else j == 0
             g_row = _pass_one(tiles[ti], j, first_sum, dw, w_eff, ones3, w_parts, plan, x.dtype, u)
-            current = (ti, j, g_row)
+            current = (ti, j, g_row, _k_and_diags(tiles[ti], j, ident, plan, x.dtype))
         if pending is not None:
-            pti, pj, pg_row = pending
-            _pass_two(tiles[pti], pj, pg_row, w_eff, ones3, w_parts, ident, plan, x.dtype)
+            pti, pj, pg_row, pdiags = pending
+            _pass_two(tiles[pti], pj, pg_row, pdiags, w_eff, ones3, w_parts, plan, x.dtype)
             if not plan.dw_in_psum and pj == my_tiles[pti][2] - 1:  # fold the tile's dw
                 if pti == 0:
                     nisa.tensor_copy(dst=dw, src=tiles[pti].dw_part)
