@@ -64,8 +64,10 @@ class RmsNormBwdConfig(TunableConfig):
             operand cost N cycles).
         product_engine: engines of the SBUF-only products: "vector" (all on VectorE),
             "gpsimd" (``dy * x`` on GpSimd) or "gpsimd_both" (``dy * x`` on GpSimd, and
-            the row-sum product ``(dy * x) * w`` on GpSimd on every other chunk, from an
-            SBUF copy of w: GpSimd cannot read PSUM).
+            ``g = dy * w`` on GpSimd on some chunks from an SBUF copy of w (GpSimd cannot
+            read PSUM; with the DMA broadcast, the row-sum product on GpSimd instead)).
+        gpsimd_sum_every: with "gpsimd_both" and the TensorE broadcast, every
+            this-many-th chunk's g runs on GpSimd (the rest on VectorE).
         dw_reduce: where dw sums over row tiles: "psum" (one PSUM bank holds dw as
             [128, ceil(H / 128)] columns across all row tiles), "sbuf" (each row tile's
             columns fold into an fp32 SBUF accumulator) or "auto" (psum when one bank
@@ -81,7 +83,10 @@ class RmsNormBwdConfig(TunableConfig):
         1, (1, 4), "modeled: one row per partition already moves >= 2 KiB per DMA row at H >= 1024"
     )
     h_chunk: int = tunable(
-        2048, (512, 2048), "modeled: 2048 amortises the per-instruction overhead"
+        512,
+        (512, 2048),
+        "modeled: 512 hands work between engines in smaller steps; 483.6 vs 541.5 us at "
+        "[4096, 4096] bf16",
     )
     weight_broadcast: str = tunable(
         "tensor",
@@ -89,14 +94,19 @@ class RmsNormBwdConfig(TunableConfig):
         "modeled: PSUM-resident w halves VectorE's two w products (N, not 2N cycles)",
     )
     product_engine: str = tunable(
-        "gpsimd_both",
+        "gpsimd",
         ("vector", "gpsimd", "gpsimd_both"),
-        "modeled: VectorE binds; GpSimd takes dy * x and half the row-sum products",
+        "modeled: GpSimd takes dy * x; 483.6 us at [4096, 4096] bf16 vs 507.5 (gpsimd_both)",
     )
     dw_reduce: str = tunable(
         "auto",
         ("psum", "sbuf", "auto"),
         "modeled: one PSUM bank holds dw for every H the backward fits; no per-tile fold",
+    )
+    gpsimd_sum_every: int = tunable(
+        4,
+        (2, 4),
+        "modeled: with gpsimd_both, one g in 4 on GpSimd: 507.5 us vs 570.2 (one in 2)",
     )
     dx_combine: str = tunable(
         "tensor",
@@ -116,6 +126,7 @@ class RmsNormBwdPlan(RmsNormPlan):
     dw_in_psum: bool  # dw accumulates in PSUM across all row tiles
     product_engine: str  # engines of the SBUF-only products
     dx_combine: str  # "vector" or "tensor"
+    gpsimd_sum_every: int  # gpsimd_both: every n-th chunk's row-sum product on GpSimd
     w_in_sbuf: bool  # an fp32 (offset + w) broadcast resident in SBUF
     dw_blocks: int  # ceil(H / 128): dw's PSUM / SBUF columns
 
@@ -169,6 +180,7 @@ def plan(
         dw_in_psum=in_psum,
         product_engine=config.product_engine,
         dx_combine=config.dx_combine,
+        gpsimd_sum_every=config.gpsimd_sum_every,
         w_in_sbuf=w_in_sbuf,
         dw_blocks=blocks,
         sbuf_bytes=resident + scratch + 2 * (2 * chunk * item + chunk * 4)
@@ -303,18 +315,30 @@ def _load_chunk(rows, tile, j, c0, cs, p, plan, dtype, name):
     return chunk
 
 
-def _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan):
+def _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan, on_gpsimd=False):
     """``g_c = dy * (offset + w)`` (fp32) for one chunk; returns the PSUM broadcasts of w
-    (per 512 columns) when the weight is broadcast on TensorE, else None."""
+    (per 512 columns) when the weight is broadcast on TensorE, else None. ``on_gpsimd``:
+    g from the SBUF copy of w on GpSimd (the broadcasts still serve the row sum)."""
+    if plan.weight_broadcast == "dma" or on_gpsimd:
+        nisa.tensor_tensor(
+            dst=g_c,
+            data1=dy_c,
+            data2=w_eff[0:p, c0 : c0 + cs],
+            op=nl.multiply,
+            engine=_engine(on_gpsimd),
+        )
     if plan.weight_broadcast == "dma":
-        nisa.tensor_tensor(dst=g_c, data1=dy_c, data2=w_eff[0:p, c0 : c0 + cs], op=nl.multiply)
         return None
     bcs = []
     for m0, ms in tiled(cs, plan.matmul_fmax):
         bc = _w_bcast(ones3, w_parts, c0 + m0, ms, p)
-        nisa.tensor_tensor(
-            dst=g_c[0:p, m0 : m0 + ms], data1=dy_c[0:p, m0 : m0 + ms], data2=bc, op=nl.multiply
-        )
+        if not on_gpsimd:
+            nisa.tensor_tensor(
+                dst=g_c[0:p, m0 : m0 + ms],
+                data1=dy_c[0:p, m0 : m0 + ms],
+                data2=bc,
+                op=nl.multiply,
+            )
         bcs.append(bc)
     return bcs
 
@@ -392,7 +416,11 @@ def _pass_one(ts, j, first_sum, dw, w_eff, ones3, w_parts, plan, dtype, unit):
             g_c = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="g_chunk")
         else:
             g_c = g_row[0:p, c0 : c0 + cs]
-        bcs = _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan)
+        on_gpsimd = (
+            plan.product_engine == "gpsimd_both"
+            and (unit * n_chunks + c) % plan.gpsimd_sum_every == plan.gpsimd_sum_every - 1
+        )
+        bcs = _g_chunk(dy_c, w_eff, ones3, w_parts, g_c, c0, cs, p, plan, on_gpsimd)
         # dw of the previous chunk: TensorE has this chunk's w broadcast queued first
         if prev_dyx is not None:
             _dw_matmuls(dw_dst, prev_dyx, r_col, prev_c0, p, first_sum, plan)
@@ -405,14 +433,13 @@ def _pass_one(ts, j, first_sum, dw, w_eff, ones3, w_parts, plan, dtype, unit):
             engine=_engine(plan.product_engine != "vector"),
         )
         gx = nl.ndarray((p, cs), dtype=nl.float32, buffer=nl.sbuf, name="gx")
-        on_gpsimd = plan.product_engine == "gpsimd_both" and (unit * n_chunks + c) % 2 == 1
-        if bcs is None or on_gpsimd:
+        if bcs is None:  # w in SBUF: the row-sum product on GpSimd with gpsimd_both
             nisa.tensor_tensor(
                 dst=gx,
                 data1=dyx,
                 data2=w_eff[0:p, c0 : c0 + cs],
                 op=nl.multiply,
-                engine=_engine(on_gpsimd),
+                engine=_engine(plan.product_engine == "gpsimd_both"),
             )
         else:
             for q, (m0, ms) in enumerate(tiled(cs, plan.matmul_fmax)):
