@@ -7,21 +7,15 @@ whose kernels repeat one independent piece (``OpSpec.model_slice``: attention's 
 head) groups) has one piece traced and its latency multiplied by the piece count; the
 measurement records ``traced_problem`` and ``copies``.
 
-``hardware``: a Trn2/Trn3 node with the Neuron SDK. Each kernel launch goes through
-``nki.benchmark(warmup=W, iters=N)(kernel)(*numpy_args)`` (the NKI API reference page
-``nki.benchmark``: it compiles the kernel to a NEFF and runs ``neuron-bench``, which
-launches it ``W + N`` times on one NeuronCore); the tuner reads
-``benchmarked.benchmark_result.nc_latency.get_latency_percentile(50)`` and ``(99)``
-(microseconds), as the NKI matrix-multiplication tutorial does. The docs say these
-inputs are ``numpy.ndarray`` (as for ``nki.baremetal``), so torch tensors are converted
-(bf16 through ``ml_dtypes``). This path needs ``nki`` and ``/dev/neuron*``; it has not
-run in this repository's CI, which has neither.
+``hardware``: a Trn2/Trn3 node with NKI 0.6 and nrtpy
+(:mod:`neuron_kernels.autotune.neff_backend`): each launch is compiled to a NEFF by a compile
+worker and timed on a NeuronCore by a measure worker in the nrtpy environment; the latency
+is the device-side median (``NrtpyModel.benchmark(..., mode="device")``,
+aws-neuron/aws-neuron-sdk neuron-runtime/nrtpy/model.rst).
 """
 
 from __future__ import annotations
 
-import glob
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +25,8 @@ from neuron_kernels.kernels.spec import measure_generator
 __all__ = [
     "BACKENDS",
     "BackendUnavailable",
-    "HardwareBackend",
     "Measurement",
+    "MeasurementFailure",
     "ModelBackend",
     "default_backend_name",
     "make_backend",
@@ -42,7 +36,12 @@ BACKENDS = ("model", "hardware")
 
 
 class BackendUnavailable(RuntimeError):
-    """The backend cannot run on this machine (no Neuron SDK or device)."""
+    """The backend cannot run on this machine; the message names the one thing missing."""
+
+
+class MeasurementFailure(Exception):
+    """This config could not be measured (a worker hung or died, or its result on the
+    device is wrong): the trial fails with this reason; the study goes on."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,10 @@ class Measurement:
 
 
 def has_neuron_device() -> bool:
-    return importlib.util.find_spec("nki") is not None and bool(glob.glob("/dev/neuron*"))
+    """A /dev/neuron* device is present (where the hardware backend is the default)."""
+    from neuron_kernels.autotune import hw_node
+
+    return bool(hw_node.neuron_devices())
 
 
 def default_backend_name() -> str:
@@ -74,11 +76,9 @@ def default_backend_name() -> str:
 def _floors(report, spec, problem: dict, dtype: str, copies: int = 1) -> tuple[float, str]:
     """(floor in us, the engine that binds) for the op at ``problem``: see :class:`Measurement`.
     ``report`` profiles one of ``copies`` identical slices of it (``OpSpec.model_slice``)."""
-    params = report.params
-    rate_gbps = min(
-        float(params.dma_core_gbps), float(params.dma_engine_gbps) * int(params.dma_engines)
-    )
-    dma_ns = spec.min_traffic_bytes(problem, dtype) / rate_gbps
+    from neuron_kernels.cost_model.profiler import dma_floor_ns
+
+    dma_ns = dma_floor_ns(report.params, spec.min_traffic_bytes(problem, dtype), report.lnc)
     tensor_ns = copies * report.floors_ns()["tensor"]
     return (tensor_ns / 1e3, "TensorE") if tensor_ns >= dma_ns else (dma_ns / 1e3, "DMA")
 
@@ -157,76 +157,22 @@ def _describe(problem: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in problem.items())
 
 
-class _BenchmarkRunner:
-    """A :class:`~neuron_kernels.kernels.spec.Runner` that benchmarks each launch with
-    ``nki.benchmark`` and keeps the latency percentiles (microseconds)."""
+def __getattr__(name: str):
+    if name == "HardwareBackend":  # its own module; imported on use (it imports this one)
+        from neuron_kernels.autotune.neff_backend import HardwareBackend
 
-    def __init__(self, target, warmup: int, iters: int) -> None:
-        self.target = target
-        self.warmup, self.iters = warmup, iters
-        self.p50_us: list[float] = []
-        self.p99_us: list[float] = []
-
-    def __call__(self, kernel, *args, **kwargs):
-        import nki  # the Neuron SDK's package; present only on a Trn node
-        import torch
-
-        def to_numpy(x):
-            if isinstance(x, torch.Tensor):
-                if x.dtype == torch.bfloat16:
-                    import ml_dtypes
-
-                    return x.float().numpy().astype(ml_dtypes.bfloat16)
-                return x.numpy()
-            return x
-
-        bench = nki.benchmark(warmup=self.warmup, iters=self.iters)(kernel)
-        out = bench(*[to_numpy(a) for a in args], **{k: to_numpy(v) for k, v in kwargs.items()})
-        latency = bench.benchmark_result.nc_latency
-        self.p50_us.append(float(latency.get_latency_percentile(50)))
-        self.p99_us.append(float(latency.get_latency_percentile(99)))
-        if out is None:
-            raise BackendUnavailable("nki.benchmark returned no output for this kernel")
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        converted = [torch.from_numpy(o.astype("float32")) for o in outs]
-        return converted[0] if len(converted) == 1 else tuple(converted)
+        return HardwareBackend
+    raise AttributeError(name)
 
 
-class HardwareBackend:
-    """Latency measured on a NeuronCore through ``nki.benchmark`` (module docstring)."""
-
-    name = "hardware"
-    source = "hardware"
-
-    def __init__(self, target: str, warmup: int = 5, iters: int = 20, lnc: int = 1) -> None:
-        if not has_neuron_device():
-            raise BackendUnavailable(
-                "the hardware backend needs the Neuron SDK's nki package and a /dev/neuron* "
-                "device; use --backend model on this machine"
-            )
-        self.target = target_from_name(target)
-        self.warmup, self.iters = warmup, iters
-        self.lnc = lnc
-        self._floor = ModelBackend(target, lnc=lnc)
-
-    def measure(self, spec, problem: dict, dtype: str, config) -> Measurement:
-        runner = _BenchmarkRunner(self.target, self.warmup, self.iters)
-        runner.lnc = self.lnc
-        spec.run_kernels(*self._floor.inputs(spec, problem, dtype), config=config, runner=runner)
-        modeled = self._floor.measure(spec, problem, dtype, config)
-        return Measurement(
-            latency_us=sum(runner.p50_us),
-            source=self.source,
-            floor_us=modeled.floor_us,
-            floor_engine=modeled.floor_engine,
-            binding_engine=modeled.binding_engine,
-            extra={"p99_us": sum(runner.p99_us), "warmup": self.warmup, "iters": self.iters},
-        )
-
-
-def make_backend(name: str, target: str, lnc: int = 1):
+def make_backend(name: str, target: str, lnc: int = 1, **options):
+    """The backend ``name`` for ``target``: the model backend launches at LNC ``lnc``; the
+    hardware backend at the node's (``launch_lnc``); ``options`` go to the hardware backend
+    (``nrtpy_python``, ``compile_jobs``, ``trial_deadline_s``, ...)."""
     if name == "model":
         return ModelBackend(target, lnc=lnc)
     if name == "hardware":
-        return HardwareBackend(target, lnc=lnc)
+        from neuron_kernels.autotune.neff_backend import HardwareBackend
+
+        return HardwareBackend(target, **options)
     raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")

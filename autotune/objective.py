@@ -8,7 +8,9 @@ A trial goes through three steps, each recorded on the trial (``user_attrs``):
    ``test_problems["probe"]`` (sized by each op to hit its blocking and remainder tiles)
    and must match the fp64 reference within the op's tolerance for the dtype; else the
    trial *fails*, its reason in ``user_attrs["failed"]``;
-3. the backend measures it at the full shape; the latency (microseconds) is the value.
+3. the backend measures it at the full shape; the latency (microseconds) is the value. A
+   config the backend cannot measure (``MeasurementFailure``: a hardware worker hung or died,
+   or the result on the device is wrong) *fails*, its reason in ``user_attrs["failed"]``.
 
 A config already measured in the study (by any worker sharing its storage) is not
 measured again: the trial returns the stored value, marked ``user_attrs["duplicate_of"]``.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import optuna
 
+from neuron_kernels.autotune.backends import MeasurementFailure
 from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels.spec import measure_generator
 
@@ -151,7 +154,11 @@ class Objective:
         if reason is not None:
             trial.set_user_attr("failed", reason)
             raise GateFailure(reason)
-        m = self.backend.measure(self.spec, p.problem, p.dtype, config)
+        try:
+            m = self.backend.measure(self.spec, p.problem, p.dtype, config)
+        except MeasurementFailure as exc:
+            trial.set_user_attr("failed", str(exc))
+            raise GateFailure(str(exc)) from None
         self.measured += 1
         if not math.isfinite(m.latency_us) or m.latency_us <= 0:
             reason = f"the {self.backend.name} backend gave latency {m.latency_us}"

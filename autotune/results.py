@@ -18,7 +18,10 @@ File format (version 1)::
           "config": {"block_m": 4, ...},
           "metric": {"latency_us": 123.4},         # labelled by "source"
           "trials": 50,
-          "created": "2026-12-03T08:00:00+00:00"
+          "created": "2026-12-03T08:00:00+00:00",
+          # a "hardware" entry (autotune/neff_backend.py) also has "lnc": 2 and
+          # "hardware": {"instance_type", "compiler_version", "nki_version", "lnc", "timing",
+          # "warmup_iter", "benchmark_iter"}; its metric: "p50_us", "p90_us", "p99_us", ...
         }
       ]
     }
@@ -145,6 +148,9 @@ _ENTRY_FIELDS = {  # field: (types, required)
     "shape": ((str,), False),  # the shape tuned (the bucket's representative)
     "backend": ((str,), False),  # "model" or "hardware": what measured it
     "tuner_version": ((str,), False),
+    # a hardware entry: the LNC it ran at, and {"instance_type", "compiler_version",
+    # "nki_version", "lnc", "timing", "warmup_iter", "benchmark_iter"} (autotune/neff_backend.py)
+    "hardware": ((dict,), False),
 }
 
 

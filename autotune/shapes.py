@@ -1,12 +1,15 @@
 """The committed shapes each op is tuned at for the shipped ``perf_results/<target>/`` configs.
 
-Llama-3 layer shapes (hidden size, attention heads, KV heads and MLP width from the model
+Where an op's shapes come from, first match wins: its ``OpSpec.committed_shapes`` (a new
+op declares them there, in its own module: this file needs no edit), else its entry in
+:data:`SHAPES` below (the ops written before that field), else its spec's
+``test_problems["large"]`` (in bf16 where it takes bf16).
+
+The shapes below are Llama-3 layer shapes (hidden size, attention heads, KV heads and MLP width from the model
 cards: 8B: 4096 / 32 / 8 / 14336; 70B: 8192 / 64 / 8 / 28672; head dim 128), one sequence
 of 2048 or 8192 tokens, bf16 activations. Matmul is ``tokens x out_features x in_features``
 (M x N x K); attention is causal, as a decoder's is; AdamW updates one layer's parameters
-(fp32, torch.optim.AdamW's defaults). An op without an entry here is tuned at its spec's
-``test_problems["large"]`` (in bf16 where it takes bf16), so every op added later is
-covered without change.
+(fp32, torch.optim.AdamW's defaults).
 
 Each point's problem is the one the op computes from inputs of that shape
 (:func:`~neuron_kernels.autotune.objective.make_point`), so the shipped entry sits under
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from neuron_kernels.autotune.objective import Point, make_point
 
-__all__ = ["LLAMA3", "SEQS", "SHAPES", "points_for"]
+__all__ = ["LLAMA3", "SEQS", "SHAPES", "committed_shapes", "points_for"]
 
 HEAD_DIM = 128
 LLAMA3 = {  # model: (hidden, attention heads, kv heads, mlp width)
@@ -91,10 +94,17 @@ SHAPES: dict[str, list[tuple[str, str, str]]] = {
 }
 
 
+def committed_shapes(spec) -> list[tuple[str, str, str]]:
+    """``[(shape, dtype, what)]`` of ``spec``: its own ``committed_shapes``, else its
+    :data:`SHAPES` entry, else ``[]`` (then :func:`points_for` takes its ``"large"`` problem)."""
+    return list(spec.committed_shapes or SHAPES.get(spec.name, ()))
+
+
 def points_for(spec) -> list[Point]:
     """The committed points of ``spec`` (its ``test_problems["large"]`` when it has none)."""
-    if spec.name in SHAPES:
-        return [make_point(spec, s, dtype) for s, dtype, _ in SHAPES[spec.name]]
+    shapes = committed_shapes(spec)
+    if shapes:
+        return [make_point(spec, s, dtype) for s, dtype, _ in shapes]
     large = spec.test_problems["large"]
     shape = "x".join(str(large[d]) for d in spec.dims)
     shape += "".join(f":{k}" for k, v in large.items() if v is True)  # shape_parser's flags

@@ -234,6 +234,18 @@ class PointResult:
 
 # What a model_slice measurement records (autotune/backends.py): kept on the shipped entry.
 MODEL_SLICE_ATTRS = ("traced_problem", "copies")
+# What a hardware measurement records (autotune/neff_backend.py): its latency percentiles go
+# to the entry's metric, where and how it was measured to the entry's "hardware" object.
+HARDWARE_METRIC_ATTRS = ("p50_us", "p90_us", "p99_us", "mean_us", "min_us", "max_us", "launches")
+HARDWARE_RUN_ATTRS = (
+    "timing",
+    "warmup_iter",
+    "benchmark_iter",
+    "compiler_version",
+    "nki_version",
+    "instance_type",
+    "lnc",
+)
 
 
 def summarize(spec, study, point: Point, source: str) -> PointResult:
@@ -259,7 +271,11 @@ def summarize(spec, study, point: Point, source: str) -> PointResult:
         failed=sum(t.state == TrialState.FAIL and "failed" in t.user_attrs for t in trials),
         orphaned=sum(t.state == TrialState.FAIL and "failed" not in t.user_attrs for t in trials),
         repeats=repeats,
-        extra={k: best.user_attrs[k] for k in MODEL_SLICE_ATTRS if best and k in best.user_attrs},
+        extra={
+            k: best.user_attrs[k]
+            for k in (*MODEL_SLICE_ATTRS, *HARDWARE_METRIC_ATTRS, *HARDWARE_RUN_ATTRS)
+            if best and k in best.user_attrs
+        },
     )
 
 
@@ -379,7 +395,9 @@ def tune(
         source, backend_label = backend.source, backend.name
     out = []
     for point in points:
-        name = study_name(spec, point, target, backend_label)
+        # a hardware study is also named by where it measures (instance type, LNC): numbers
+        # from another node are not resumed into it
+        name = study_name(spec, point, target, getattr(backend, "study_label", backend_label))
         study = optuna.create_study(
             study_name=name, storage=storage, direction="minimize", load_if_exists=True
         )
@@ -447,8 +465,10 @@ def _entry(spec, r: PointResult, backend: str) -> dict:
         metric.update(floor_us=r.floor_us, floor_engine=r.floor_engine)
     if r.binding_engine:
         metric["binding_engine"] = r.binding_engine
-    metric.update(r.extra)  # traced_problem, copies: a model_slice measurement says so
-    return {
+    # traced_problem, copies: a model_slice measurement says so; a hardware one its percentiles
+    metric.update({k: v for k, v in r.extra.items() if k not in HARDWARE_RUN_ATTRS})
+    run = {k: r.extra[k] for k in HARDWARE_RUN_ATTRS if k in r.extra}
+    entry = {
         "shape_bucket": spec.shape_bucket(r.point.problem),
         "dtype": r.point.dtype,
         "lnc": r.point.lnc,
@@ -463,3 +483,8 @@ def _entry(spec, r: PointResult, backend: str) -> dict:
         "trials": r.trials,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if run:  # a hardware entry: the NEFF's compiler, the instance, the LNC it ran at
+        entry["hardware"] = run
+        if "lnc" in run:
+            entry["lnc"] = run["lnc"]
+    return entry

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from neuron_kernels.cost_model.profiler import Profiler
+from neuron_kernels.cost_model.profiler import Profiler, dma_floor_ns
 from neuron_kernels.hardware import launch_lnc
 from neuron_kernels.kernels import adamw
 
@@ -65,11 +65,7 @@ def measure(
     report = profiler.report()
     n = sum(p.numel() for p in args[0])
     per_element = BYTES_PER_ELEMENT[dtype] + (8 if amsgrad else 0)
-    rate = min(
-        float(report.params.dma_core_gbps),
-        float(report.params.dma_engine_gbps) * report.params.dma_engines,
-    )
-    floor_ns = per_element * n / rate
+    floor_ns = dma_floor_ns(report.params, per_element * n, report.lnc)
     by_engine, _ = report.counts()
     busy = report.busy_ns()
     critical, _ = report.critical()

@@ -111,23 +111,24 @@ def main(argv=None) -> None:
         f"Sq=Sk={s} D={d} (modeled; {lnc} KV group(s) of {group} query heads traced, one per "
         f"core, latency x{scale})"
     )
-    q, k, v = _inputs(1, group * lnc, lnc, s, d)
+    traced_heads = group * lnc  # query heads in the trace: useful FLOPs are counted on them
+    q, k, v = _inputs(1, traced_heads, lnc, s, d)
     for causal in (False, True):
         print(f"causal={causal}")
         fwd, (out, lse), wall_f = _profile(FWD, (q, k, v, causal, None), lnc)
         peak = fwd.peak_flops_per_s
         lat_f, util_f = _describe(
-            "forward", fwd, scale, _attention_flops(group, s, d, causal, False), peak
+            "forward", fwd, scale, _attention_flops(traced_heads, s, d, causal, False), peak
         )
         if args.skip_backward:
             continue
         dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
         bwd, _, wall_b = _profile(BWD, (dout, q, k, v, out, lse, causal, None), lnc)
         lat_b, _ = _describe(
-            "backward", bwd, scale, _attention_flops(group, s, d, causal, True), peak
+            "backward", bwd, scale, _attention_flops(traced_heads, s, d, causal, True), peak
         )
-        total_flops = _attention_flops(group, s, d, causal, False) + _attention_flops(
-            group, s, d, causal, True
+        total_flops = _attention_flops(traced_heads, s, d, causal, False) + _attention_flops(
+            traced_heads, s, d, causal, True
         )
         util_fb = total_flops * scale / (peak * (lat_f + lat_b) * 1e-9)
         print(

@@ -7,7 +7,7 @@ direction's minimum HBM traffic, and the engine that binds.
 Shapes are [rows, H] = [4096, 4096] and [16384, 8192]. The floors: the forward must read
 x and w once and write y once; the backward must read x, w, dy and the saved rstd (fp32)
 and write dx and dw. Floor = those bytes at the core's DMA rate (the cost model's DMA
-floor, ``min(dma_core_gbps, dma_engine_gbps * dma_engines)``).
+floor, ``cost_model.profiler.dma_floor_ns``, per logical core).
 
 Every number printed is *modeled* (interpreter trace, trace-only, scheduled by the cost
 model); none is a measurement. Tensors are ``torch.empty`` and never read (trace-only).
@@ -19,17 +19,12 @@ import argparse
 
 import torch
 
-from neuron_kernels.cost_model.profiler import Profiler
+from neuron_kernels.cost_model.profiler import Profiler, dma_floor_ns
 from neuron_kernels.hardware import launch_lnc
 from neuron_kernels.kernels import rms_norm, rms_norm_bwd
 from neuron_kernels.kernels.spec import ITEMSIZE
 
 SHAPES = ((4096, 4096), (16384, 8192))
-
-
-def _floor_ns(report, nbytes: int) -> float:
-    p = report.params
-    return nbytes / min(float(p.dma_core_gbps), float(p.dma_engine_gbps) * p.dma_engines)
 
 
 def measure(
@@ -48,7 +43,7 @@ def measure(
         rms_norm_bwd.SPEC.run_kernels(dy, x, w, rstd, config=config, runner=profiler)
         nbytes = 3 * rows * h * item + 2 * h * item + 4 * rows
     report = profiler.report()
-    floor = _floor_ns(report, nbytes)
+    floor = dma_floor_ns(report.params, nbytes, report.lnc)
     critical, _ = report.critical()
     return {
         "latency_ns": report.latency_ns,

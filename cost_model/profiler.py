@@ -31,9 +31,20 @@ from neuron_kernels.cost_model.schedule import (
 from neuron_kernels.hardware import Target, target_from_name, usable_psum_banks
 from neuron_kernels.interpreter.execution import Kernel, Run, run
 
-__all__ = ["profile", "Profiler", "Profile", "LaunchProfile"]
+__all__ = ["dma_floor_ns", "profile", "Profiler", "Profile", "LaunchProfile"]
 
 MODELED = "modeled"
+
+
+def dma_floor_ns(params: CostParams, nbytes: float, lnc: int = 1) -> float:
+    """The DMA floor: ``nbytes`` of HBM traffic at the logical core's full DMA rate, the
+    lesser of its HBM bandwidth and its DMA engines together (GB/s = bytes/ns): at LNC=1
+    ``min(dma_core_gbps, dma_engine_gbps * dma_engines)``; at LNC=2 both cores' engines,
+    bounded by the one HBM stack they share (``hbm_stack_gbps``). The one formula every
+    floor in the project uses."""
+    stack = params.dma_core_gbps if lnc == 1 else params.hbm_stack_gbps
+    rate = min(float(stack), float(params.dma_engine_gbps) * params.dma_engines * lnc)
+    return nbytes / rate
 
 
 @dataclass
@@ -125,15 +136,9 @@ class Profile:
         engines, bounded by the one HBM stack they share)."""
         f = self.flops()
         b = self.hbm_bytes()
-        cores = self.lnc
-        stack = self.params.dma_core_gbps if cores == 1 else self.params.hbm_stack_gbps
-        rate = min(
-            float(stack),
-            float(self.params.dma_engine_gbps) * self.params.dma_engines * cores,
-        )
         return {
             "tensor": f.get("bf16_equivalent", 0.0) / self.peak_flops_per_s * 1e9,
-            "dma": (b["read"] + b["write"]) / rate,
+            "dma": dma_floor_ns(self.params, b["read"] + b["write"], self.lnc),
         }
 
     def critical(self) -> tuple[str, dict[str, float]]:

@@ -20,4 +20,5 @@ from neuron_kernels.kernels import (
     matmul,  # noqa: E402,F401
     rms_norm,  # noqa: E402,F401
     rms_norm_bwd,  # noqa: E402,F401
+    swiglu,  # noqa: E402,F401
 )

@@ -74,7 +74,7 @@ __all__ = [
     "AdamwConfig",
     "AdamwPlan",
     "coefficients",
-    "fused_adamw",
+    "fused_adamw_kernel",
     "plan",
     "reference",
     "run_kernels",
@@ -442,7 +442,7 @@ def _close_chunk(t, plan):
 
 
 @nki.jit
-def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficients, plan):
+def fused_adamw_kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficients, plan):
     """One AdamW step, in place, for tuples of flat HBM tensors.
 
     ``params`` fp32/bf16, ``grads`` the params' dtype (or lower with fp32 params),
@@ -450,12 +450,12 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficie
     amsgrad); ``coefficients`` ``[1, n * 13]`` fp32, tensor ``i``'s columns at ``i * 13``
     (see the column list at the top of the module). Returns nothing: every update is in place.
     The chunks of a wave go through each step of the chain together (see ``in_flight``).
-    Launched as ``fused_adamw[plan.lnc]``: each physical core updates its own chunks,
+    Launched as ``fused_adamw_kernel[plan.lnc]``: each physical core updates its own chunks,
     ``plan.core_waves[nl.program_id(0)]``.
     """
     n = len(params)
     assert n == plan.n_tensors, "adamw: the plan was made for another tensor count"
-    assert nl.num_programs(0) == plan.lnc, "adamw: launch fused_adamw[plan.lnc]"
+    assert nl.num_programs(0) == plan.lnc, "adamw: launch fused_adamw_kernel[plan.lnc]"
     my_waves = plan.core_waves[nl.program_id(0)]
     if len(my_waves) == 0:  # fewer chunks than cores: nothing to update on this core
         return None
@@ -797,7 +797,7 @@ def run_kernels(
         }
         tiles = SPEC.check(launch, dtype, config, runner.target, runner_lnc(runner))
         coef = table[start : start + len(ids)].reshape(1, len(ids) * N_COEFFICIENTS).contiguous()
-        runner(fused_adamw[tiles.lnc], *(tuple(f) for f in flat), vmax, coef, tiles)
+        runner(fused_adamw_kernel[tiles.lnc], *(tuple(f) for f in flat), vmax, coef, tiles)
     return None
 
 
@@ -908,7 +908,7 @@ SPEC = register(
         # "TENSORSxNUMEL[:amsgrad]": torch.optim.AdamW's default (amsgrad=False) unless named
         parse_shape=shape_parser(OP, ("tensors", "numel"), ("amsgrad",)),
         output_shapes=lambda *args: [],
-        kernels=(fused_adamw,),
+        kernels=(fused_adamw_kernel,),
         mutates=("params", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"),
         bad_inputs=_bad_inputs,
         budget_hints={"sbuf": "lower tile_free (or use fewer working tiles: engines)"},

@@ -48,7 +48,7 @@ __all__ = [
     "FlashAttentionPlan",
     "attention_reference",
     "causal_visible",
-    "flash_attention_fwd",
+    "flash_attention_fwd_kernel",
     "plan",
     "resolve_scale",
     "validate_attention",
@@ -753,12 +753,12 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
 
 
 @nki.jit
-def flash_attention_fwd(q, k, v, plan):
+def flash_attention_fwd_kernel(q, k, v, plan):
     """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
     for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM.
 
     ``plan`` is the :class:`FlashAttentionPlan` for these shapes (a compile-time argument).
-    Launched as ``flash_attention_fwd[plan.lnc]``: each physical core runs its share
+    Launched as ``flash_attention_fwd_kernel[plan.lnc]``: each physical core runs its share
     ``plan.core_groups[nl.program_id(0)]`` of (batch, KV head) groups and query tiles and
     writes only those rows of out and lse.
     """
@@ -767,7 +767,9 @@ def flash_attention_fwd(q, k, v, plan):
     assert (B, H, Hkv, Sq, Sk, D) == (plan.b, plan.h, plan.hkv, plan.sq, plan.sk, plan.d), (
         "flash_attention: the plan was made for other shapes"
     )
-    assert nl.num_programs(0) == plan.lnc, "flash_attention: launch flash_attention_fwd[plan.lnc]"
+    assert nl.num_programs(0) == plan.lnc, (
+        "flash_attention: launch flash_attention_fwd_kernel[plan.lnc]"
+    )
     out = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="out")
     lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="lse")
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
@@ -814,7 +816,7 @@ def _forward_kernels(q, k, v, causal, softmax_scale, config, runner, op):
         runner_lnc(runner),
     )
     out, lse = runner(
-        flash_attention_fwd[tiles.lnc], q.contiguous(), k.contiguous(), v.contiguous(), tiles
+        flash_attention_fwd_kernel[tiles.lnc], q.contiguous(), k.contiguous(), v.contiguous(), tiles
     )
     return out, lse.reshape(b, h, sq)
 
@@ -1004,7 +1006,7 @@ FWD_SPEC = register(
         test_problems=_TEST_PROBLEMS,
         shape_bucket=shape_bucket,
         model_slice=kv_group_slice,
-        kernels=(flash_attention_fwd,),
+        kernels=(flash_attention_fwd_kernel,),
         autograd=(_setup_context, _backward),
         bad_inputs=_bad_inputs(FWD_OP),
         budget_hints=_BUDGET_HINTS,
@@ -1026,7 +1028,7 @@ SPEC = register(
         test_problems=_TEST_PROBLEMS,
         shape_bucket=shape_bucket,
         model_slice=kv_group_slice,
-        kernels=(flash_attention_fwd,),
+        kernels=(flash_attention_fwd_kernel,),
         composite=composite,
         bad_inputs=_bad_inputs(OP),
         budget_hints=_BUDGET_HINTS,

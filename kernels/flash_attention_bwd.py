@@ -64,7 +64,7 @@ __all__ = [
     "SPEC",
     "FlashAttentionBwdConfig",
     "FlashAttentionBwdPlan",
-    "flash_attention_bwd",
+    "flash_attention_bwd_kernel",
     "plan",
     "reference",
     "run_kernels",
@@ -641,7 +641,7 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
 
 
 @nki.jit
-def flash_attention_bwd(dout, q, k, v, out, lse, scale, plan):
+def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
     """``(dq, dk, dv)`` for attention in BHSD layout (HBM): ``dout, q, out [B, H, Sq, D]``,
     ``k, v [B, Hkv, Sk, D]``, ``lse [B, H, Sq]`` fp32; ``scale`` is the softmax scale
     (a compile-time float) and ``plan`` the :class:`FlashAttentionBwdPlan` for these shapes.
@@ -649,7 +649,7 @@ def flash_attention_bwd(dout, q, k, v, out, lse, scale, plan):
     The tile pairs of a pass run as a three-stage software pipeline in program order
     (scores of pair n, dK/dV and dS^T of pair n - lag_kv, dQ of pair n - lag_q), so each engine's
     in-order queue has independent work while the previous pair's results travel.
-    Launched as ``flash_attention_bwd[plan.lnc]``: each physical core takes its
+    Launched as ``flash_attention_bwd_kernel[plan.lnc]``: each physical core takes its
     (batch, KV head) groups ``plan.core_groups[nl.program_id(0)]`` and writes only their
     dq, dk and dv. A group split over the cores by query passes (fewer groups than cores)
     has each core write its dq rows and its fp32 dK/dV partial sums (scaled) to its own
@@ -912,7 +912,7 @@ def run_kernels(
     )
     scale = resolve_scale(softmax_scale, q.shape[3])
     outs = runner(
-        flash_attention_bwd[tiles.lnc],
+        flash_attention_bwd_kernel[tiles.lnc],
         dout.contiguous(),
         q.contiguous(),
         k.contiguous(),
@@ -1036,7 +1036,7 @@ SPEC = register(
             # budgets bind here (trace-only runs): long query passes at the largest head dim
             "large": {"b": 1, "hkv": 1, "groups": 1, "sq": 8192, "sk": 256, "d": 256},
         },
-        kernels=(flash_attention_bwd,),
+        kernels=(flash_attention_bwd_kernel,),
         model_slice=kv_group_slice,
         bad_inputs=_bad_inputs,
         budget_hints={

@@ -33,7 +33,15 @@ from neuron_kernels.kernels.spec import (
 )
 from neuron_kernels.kernels.tiling import core_share, tiled
 
-__all__ = ["SPEC", "MatmulConfig", "MatmulPlan", "matmul", "plan", "reference", "run_kernels"]
+__all__ = [
+    "SPEC",
+    "MatmulConfig",
+    "MatmulPlan",
+    "matmul_kernel",
+    "plan",
+    "reference",
+    "run_kernels",
+]
 
 OP = "matmul"
 
@@ -215,11 +223,11 @@ def _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, plan, psum_dtype):
 
 
 @nki.jit
-def matmul(a, b, plan):
+def matmul_kernel(a, b, plan):
     """``C = A @ B`` for ``A [M, K]`` and ``B [K, N]`` in HBM; returns ``C [M, N]`` (A's dtype).
 
     ``plan`` is the :class:`MatmulPlan` for these shapes (a compile-time argument). Launched
-    as ``matmul[plan.lnc]``: each physical core computes its own output blocks
+    as ``matmul_kernel[plan.lnc]``: each physical core computes its own output blocks
     (``plan.core_blocks[nl.program_id(0)]``), reading the shared A and B and writing
     disjoint blocks of C, so the cores never touch the same output bytes.
     """
@@ -227,7 +235,7 @@ def matmul(a, b, plan):
     K_b, N = b.shape
     assert K == K_b, f"matmul: b.shape[0] must equal a.shape[1] ({K}), got {K_b}"
     assert (M, N, K) == (plan.m, plan.n, plan.k), "matmul: the plan was made for other shapes"
-    assert nl.num_programs(0) == plan.lnc, "matmul: launch matmul[plan.lnc]"
+    assert nl.num_programs(0) == plan.lnc, "matmul: launch matmul_kernel[plan.lnc]"
     out = nl.ndarray((M, N), dtype=a.dtype, buffer=nl.shared_hbm, name="c")
 
     a_stationary = plan.stationary == "a"
@@ -401,7 +409,7 @@ def run_kernels(a: torch.Tensor, b: torch.Tensor, *, config: MatmulConfig, runne
     if rows == 0 or n == 0 or k == 0:
         return torch.zeros((*batch, m, n), dtype=a.dtype, device=a.device)
     tiles = SPEC.check(problem(a, b), dtype_name(a), config, runner.target, runner_lnc(runner))
-    out = runner(matmul[tiles.lnc], a.reshape(rows, k).contiguous(), b.contiguous(), tiles)
+    out = runner(matmul_kernel[tiles.lnc], a.reshape(rows, k).contiguous(), b.contiguous(), tiles)
     return out.reshape(*batch, m, n)
 
 
@@ -473,7 +481,7 @@ SPEC = register(
             "probe": {"m": 130, "n": 520, "k": 260},  # every config runs here, checked
             "large": {"m": 2048, "n": 2048, "k": 1024},  # budgets bind here (trace-only runs)
         },
-        kernels=(matmul,),
+        kernels=(matmul_kernel,),
         autograd=(_setup_context, _backward),
         bad_inputs=_bad_inputs,
         budget_hints={

@@ -60,7 +60,7 @@ __all__ = [
     "RmsNormConfig",
     "RmsNormFwdPlan",
     "RmsNormPlan",
-    "rms_norm_fwd",
+    "rms_norm_fwd_kernel",
     "largest_h",
     "plan",
     "reference",
@@ -380,17 +380,17 @@ def _normalize(y_chunk, x_chunk, rstd_col, w_chunk, plan, chunk_index):
 
 
 @nki.jit
-def rms_norm_fwd(x, w, plan, eps, offset):
+def rms_norm_fwd_kernel(x, w, plan, eps, offset):
     """RMSNorm of ``x [N, H]`` with weight ``w [H]`` (same dtype) in HBM.
 
     Returns ``y [N, H]`` (x's dtype) and ``rstd [N]`` (fp32, 1/sqrt(mean(x^2) + eps)).
     ``plan`` is the :class:`RmsNormFwdPlan`; ``eps`` and ``offset`` are compile-time floats.
-    Launched as ``rms_norm_fwd[plan.lnc]``: each physical core normalizes its own row tiles
+    Launched as ``rms_norm_fwd_kernel[plan.lnc]``: each physical core normalizes its own row tiles
     (``plan.core_tiles[nl.program_id(0)]``) and writes only their rows of y and rstd.
     """
     n, h = x.shape
     assert (n, h) == (plan.rows, plan.h), "rms_norm: the plan was made for other shapes"
-    assert nl.num_programs(0) == plan.lnc, "rms_norm: launch rms_norm_fwd[plan.lnc]"
+    assert nl.num_programs(0) == plan.lnc, "rms_norm: launch rms_norm_fwd_kernel[plan.lnc]"
     y = nl.ndarray((n, h), dtype=x.dtype, buffer=nl.shared_hbm, name="y")
     rstd_out = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm, name="rstd")
     my_tiles = plan.core_tiles[nl.program_id(0)]
@@ -561,7 +561,7 @@ def _run_forward(x, weight, eps, offset, casting_mode, config, runner, spec):
         runner_lnc(runner),
     )
     y, rstd = runner(
-        rms_norm_fwd[tiles.lnc],
+        rms_norm_fwd_kernel[tiles.lnc],
         x.reshape(rows, h).contiguous(),
         weight.contiguous(),
         tiles,
@@ -679,7 +679,7 @@ FWD_SPEC = register(
         tolerances=_TOLERANCES,
         make_inputs=make_inputs,
         test_problems=_TEST_PROBLEMS,
-        kernels=(rms_norm_fwd,),
+        kernels=(rms_norm_fwd_kernel,),
         autograd=(_setup_context, _backward),
         bad_inputs=lambda: [(a, arg) for a, arg in _bad_inputs()],
         budget_hints=_BUDGET_HINTS,
@@ -699,7 +699,7 @@ SPEC = register(
         tolerances=_TOLERANCES,
         make_inputs=make_inputs,
         test_problems=_TEST_PROBLEMS,
-        kernels=(rms_norm_fwd,),
+        kernels=(rms_norm_fwd_kernel,),
         composite=composite,
         bad_inputs=_bad_inputs,
         budget_hints=_BUDGET_HINTS,

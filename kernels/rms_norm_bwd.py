@@ -45,7 +45,7 @@ from neuron_kernels.kernels.spec import (
 )
 from neuron_kernels.kernels.tiling import tiled
 
-__all__ = ["SPEC", "RmsNormBwdConfig", "RmsNormBwdPlan", "plan", "reference", "rms_norm_bwd"]
+__all__ = ["SPEC", "RmsNormBwdConfig", "RmsNormBwdPlan", "plan", "reference", "rms_norm_bwd_kernel"]
 
 OP = "rms_norm_bwd"
 
@@ -501,15 +501,15 @@ def _pass_two(ts, j, g_row, diags, w_eff, ones3, w_parts, plan, dtype):
 
 
 @nki.jit
-def rms_norm_bwd(dy, x, w, rstd, plan, offset):
+def rms_norm_bwd_kernel(dy, x, w, rstd, plan, offset):
     """RMSNorm gradients for ``dy, x [N, H]``, ``w [H]`` (all one dtype) and the forward's
     ``rstd [N]`` (fp32) in HBM. Returns ``dx [N, H]`` (x's dtype) and ``dw``: ``[H]`` in
     w's dtype at LNC=1; at LNC > 1 the ``[lnc, H]`` fp32 partial sums, row ``c`` summed
-    over core ``c``'s rows (launched as ``rms_norm_bwd[plan.lnc]``; each core takes
+    over core ``c``'s rows (launched as ``rms_norm_bwd_kernel[plan.lnc]``; each core takes
     ``plan.core_tiles[nl.program_id(0)]``; the op adds the rows, see :class:`RmsNormBwdPlan`)."""
     n, h = x.shape
     assert (n, h) == (plan.rows, plan.h), "rms_norm_bwd: the plan was made for other shapes"
-    assert nl.num_programs(0) == plan.lnc, "rms_norm_bwd: launch rms_norm_bwd[plan.lnc]"
+    assert nl.num_programs(0) == plan.lnc, "rms_norm_bwd: launch rms_norm_bwd_kernel[plan.lnc]"
     dx = nl.ndarray((n, h), dtype=x.dtype, buffer=nl.shared_hbm, name="dx")
     core = nl.program_id(0)
     if plan.lnc == 1:
@@ -664,7 +664,7 @@ def run_kernels(
         runner_lnc(runner),
     )
     dx, dw = runner(
-        rms_norm_bwd[tiles.lnc],
+        rms_norm_bwd_kernel[tiles.lnc],
         dy.reshape(rows, h).contiguous(),
         x.reshape(rows, h).contiguous(),
         weight.contiguous(),
@@ -728,7 +728,7 @@ SPEC = register(
         make_inputs=make_inputs,
         # As the forward's, but "large" within the backward's smaller largest H (fp32: 18171).
         test_problems={**_TEST_PROBLEMS, "large": {"rows": 130, "h": 16384}},
-        kernels=(rms_norm_bwd,),
+        kernels=(rms_norm_bwd_kernel,),
         bad_inputs=_bad_inputs,
         budget_hints={
             "sbuf": "lower h_chunk or rows_per_partition",

@@ -250,9 +250,13 @@ class OpSpec:
         model_slice: ``model_slice(problem) -> (slice_problem, copies)``: set when the
             kernels run ``copies`` independent, identical pieces of ``slice_problem`` one
             after another (attention's (batch, KV head) groups), sharing nothing but the
-            core. The tuner's model backend then traces one piece and multiplies its modeled
-            latency by ``copies`` (dropping only the overlap of one piece's tail with the
+            core. At LNC=1 the tuner's model backend then traces one piece and multiplies its
+            modeled latency by ``copies`` (at LNC > 1 it traces the whole launch) (dropping only the overlap of one piece's tail with the
             next one's head: a slight overestimate, tested in ``tests/autotune``).
+        committed_shapes: ``((shape, dtype, what), ...)``: the shapes the shipped
+            ``perf_results/`` configs are tuned at (``autotune --committed``), in the op's shape
+            syntax; default: the op's entry in ``autotune/shapes.py`` if it has one, else
+            its ``test_problems["large"]``.
     """
 
     name: str
@@ -277,6 +281,7 @@ class OpSpec:
     composite: Callable[..., Any] | None = None
     mutates: tuple[str, ...] = ()
     model_slice: Callable[[dict], tuple[dict, int]] | None = None
+    committed_shapes: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.parse_shape is None:

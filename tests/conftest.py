@@ -4,8 +4,11 @@ Hypothesis runs derandomized by default, so CI sees the same examples on every r
 red build always means a change broke something; ``--hypothesis-profile=explore`` draws
 fresh random examples (run it locally and before releases to look for new failures).
 Failures are never retried.
+
+Shared fixture: ``kernel_launches`` (the NKI kernels the CPU interpreter runner launched).
 """
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -19,3 +22,20 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci")
+
+
+@pytest.fixture
+def kernel_launches(monkeypatch) -> list:
+    """The NKI kernels launched through the CPU interpreter runner during the test, in order
+    (each still runs): an empty list means the ops ran reference math."""
+    from neuron_kernels.torch_ops import routing
+
+    calls = []
+    real = routing.interpreter_runner
+
+    def counting(kernel, *args, **kwargs):
+        calls.append(kernel)
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(routing, "interpreter_runner", counting)
+    return calls

@@ -1,8 +1,8 @@
 """A small Llama-style decoder in plain PyTorch: RMSNorm, rotary embeddings, grouped-query
 attention and a SwiGLU MLP.
 
-One setting, ``kernels=True``, moves the attention, the norms, the projections and the
-optimizer to the library (``torch.ops.neuron.*`` and ``FusedAdamW``); ``kernels=False`` is
+One setting, ``kernels=True``, moves the attention, the norms, the projections, the MLP's
+SwiGLU activation and the optimizer to the library (``torch.ops.neuron.*`` and ``FusedAdamW``); ``kernels=False`` is
 the plain PyTorch a user starts from. Both build identical parameters from the same seed.
 An op the installed library does not register yet runs its plain PyTorch form on the
 kernel path too, and :func:`kernel_pieces` says so: nothing claims a kernel it did not run.
@@ -58,7 +58,7 @@ class LlamaConfig:
 class Piece:
     """One switchable piece of the model: which function runs it and whether it is a kernel."""
 
-    name: str  # "projections", "norms", "attention", "optimizer"
+    name: str  # "projections", "norms", "attention", "activation", "optimizer"
     runs: str  # what runs it, e.g. "torch.ops.neuron.matmul" or "torch (reference)"
     kernel: bool  # True when a library kernel op runs this piece
     why: str = ""  # why it is not a kernel, when it is not
@@ -89,6 +89,7 @@ def kernel_pieces(kernels: bool) -> dict[str, Piece]:
             "projections": Piece("projections", "torch.matmul", False, why),
             "norms": Piece("norms", "torch (RMSNorm math)", False, why),
             "attention": Piece("attention", "F.scaled_dot_product_attention", False, why),
+            "activation": Piece("activation", "F.silu(gate) * up", False, why),
             "optimizer": Piece("optimizer", "torch.optim.AdamW", False, why),
         }
     import neuron_kernels  # noqa: F401  (registers torch.ops.neuron.*)
@@ -102,6 +103,7 @@ def kernel_pieces(kernels: bool) -> dict[str, Piece]:
         "projections": op_piece("projections", "matmul", "torch.matmul"),
         "norms": op_piece("norms", "rms_norm", "torch (RMSNorm math)"),
         "attention": op_piece("attention", "flash_attention", "F.scaled_dot_product_attention"),
+        "activation": op_piece("activation", "swiglu", "F.silu(gate) * up"),
     }
     if _fused_adamw() is not None:
         pieces["optimizer"] = Piece("optimizer", "neuron_kernels.torch_ops.optim.FusedAdamW", True)
@@ -127,6 +129,10 @@ def _reference_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def _reference_swiglu(gate, up):
+    return F.silu(gate) * up
+
+
 @dataclass(frozen=True)
 class _Ops:
     """The functions the model calls, chosen once from the pieces."""
@@ -134,10 +140,12 @@ class _Ops:
     project: Callable  # (x [..., K], w [K, N]) -> [..., N]
     rms_norm: Callable  # (x, weight, eps) -> same shape
     attention: Callable  # (q [B,H,S,D], k, v [B,Hkv,S,D]) -> [B,H,S,D], causal
+    swiglu: Callable  # (gate, up [..., F]) -> silu(gate) * up
 
 
 def _ops(pieces: dict[str, Piece]) -> _Ops:
     project, rms_norm, attention = torch.matmul, _reference_rms_norm, _reference_attention
+    swiglu = _reference_swiglu
     if pieces["projections"].kernel:
         project = lambda x, w: torch.ops.neuron.matmul(x.contiguous(), w)
     if pieces["norms"].kernel:
@@ -146,7 +154,9 @@ def _ops(pieces: dict[str, Piece]) -> _Ops:
         attention = lambda q, k, v: torch.ops.neuron.flash_attention(
             q.contiguous(), k.contiguous(), v.contiguous(), causal=True
         )
-    return _Ops(project, rms_norm, attention)
+    if pieces["activation"].kernel:
+        swiglu = lambda gate, up: torch.ops.neuron.swiglu(gate.contiguous(), up.contiguous())
+    return _Ops(project, rms_norm, attention, swiglu)
 
 
 # -- the model -----------------------------------------------------------------------------
@@ -208,7 +218,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x):
         gate, up = self._ops.project(x, self.w_gate_up).split(self.ffn_dim, dim=-1)
-        return self._ops.project(F.silu(gate) * up, self.w_down)
+        return self._ops.project(self._ops.swiglu(gate, up), self.w_down)
 
 
 class Block(nn.Module):

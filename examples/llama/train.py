@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kernels",
         action="store_true",
-        help="run attention, norms, projections, optimizer on the NKI kernels",
+        help="run attention, norms, projections, SwiGLU, optimizer on the NKI kernels",
     )
     parser.add_argument(
         "--device", default=None, help=f"torch device (default ${DEVICE_ENV}, else cpu)"

@@ -5,10 +5,13 @@
     neuron-kernels autotune rms_norm --committed --trials 30      # the shapes of autotune/shapes.py
     neuron-kernels autotune --list                                # ops, tunables, choices, reasons
     neuron-kernels autotune --table                               # perf_results/<target>/README.md
+    neuron-kernels autotune matmul --shape 4096x4096x4096 --backend hardware \
+        --nrtpy-python ~/nrtpy_venv/bin/python --compile-jobs 2 --jobs 4   # on a Trn2 node
 
 Every trial: the op's own check (rejected configs are pruned, with the reason), a
 correctness gate on the interpreter, then the backend's latency at the full shape
-(``model``: modeled by the cost model; ``hardware``: ``nki.benchmark`` on a NeuronCore).
+(``model``: modeled by the cost model; ``hardware``: each launch compiled to a NEFF and timed
+on a NeuronCore with nrtpy, device-side, by worker processes: autotune/neff_backend.py).
 The best config per shape is merged into ``perf_results/<target>/<op>.json``. A killed run
 resumes when the same command is run again (the study lives in ``--storage``).
 """
@@ -36,7 +39,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--committed",
         action="store_true",
-        help="tune at the op's committed shapes (autotune/shapes.py) instead of --shape",
+        help="tune at the op's committed shapes (its OpSpec's, else autotune/shapes.py)",
     )
     parser.add_argument("--dtype", default="bf16", help="bf16|fp32|fp16 or a torch dtype name")
     parser.add_argument(
@@ -59,6 +62,26 @@ def add_arguments(parser) -> None:
         help="model|hardware (default: hardware where a Neuron device is present, else model)",
     )
     parser.add_argument("--jobs", default="1", help="worker processes sharing the study")
+    parser.add_argument(
+        "--nrtpy-python",
+        default=None,
+        metavar="PATH",
+        help="hardware backend: the Python of the nrtpy environment that runs the measure "
+        "workers (default: $NEURON_KERNELS_NRTPY_PYTHON)",
+    )
+    parser.add_argument(
+        "--compile-jobs",
+        default="1",
+        help="hardware backend: NEFF compiles at once, each on a logical NeuronCore kept off "
+        "the measured ones (default 1)",
+    )
+    parser.add_argument(
+        "--trial-deadline",
+        default=None,
+        metavar="SECONDS",
+        help="hardware backend: a trial's compile and measure workers must finish within "
+        "this many seconds, else they are killed and the trial fails (default 900)",
+    )
     parser.add_argument("--seed", default="0", help="sampler seed (worker i uses seed + i)")
     parser.add_argument("--sampler", default="tpe", help="tpe|random|grid|cmaes|gp|auto")
     parser.add_argument(
@@ -136,7 +159,9 @@ def _points(args, spec, lnc: int = 1):
 
     if args.committed:
         if args.shape:
-            raise UsageError("--committed", "", "takes no --shape (it tunes autotune/shapes.py's)")
+            raise UsageError(
+                "--committed", "", "takes no --shape (it tunes the op's committed shapes)"
+            )
         return [dataclasses.replace(p, lnc=lnc) for p in points_for(spec)]
     if not args.shape:
         raise UsageError("--shape", "", f"is required (or --committed) for {spec.name}")
@@ -218,10 +243,22 @@ def main(args) -> int:
     backend = args.backend or default_backend_name()
     if backend not in ("model", "hardware"):
         raise UsageError("--backend", backend, "must be model or hardware")
+    compile_jobs = _int("--compile-jobs", args.compile_jobs, 1)
+    options = {}
+    if backend == "hardware":
+        from neuron_kernels.autotune.neff_backend import DEFAULT_TRIAL_DEADLINE_S
+
+        deadline = _seconds("--trial-deadline", args.trial_deadline)
+        options = dict(
+            nrtpy_python=args.nrtpy_python,
+            compile_jobs=compile_jobs,
+            trial_deadline_s=deadline or DEFAULT_TRIAL_DEADLINE_S,
+        )
     try:
-        make_backend(backend, target.name)  # refuses hardware where there is no device
+        made = make_backend(backend, target.name, **options)  # hardware: the missing thing
     except BackendUnavailable as exc:
         raise UsageError("--backend", backend, str(exc)) from None
+    backend_arg = made if backend == "hardware" else backend
     try:
         make_sampler(args.sampler, spec.config.space(), seed, trials)
     except SamplerError as exc:
@@ -260,6 +297,13 @@ def main(args) -> int:
         f"backend {backend} ({label} latency), sampler {args.sampler}, jobs {jobs}, "
         f"storage {storage_url}"
     )
+    if backend == "hardware":
+        print(
+            f"hardware: {made.node.instance_type} at LNC={made.lnc}; compiles on logical "
+            f"core(s) {list(made.compile_cores)}, measurements on {list(made.measure_cores)} "
+            f"(one worker per core; --jobs {jobs} trial(s) at a time); trial deadline "
+            f"{made.trial_deadline_s:g} s"
+        )
     try:
         found = tune(
             spec,
@@ -268,7 +312,7 @@ def main(args) -> int:
             trials=trials,
             timeout=timeout,
             storage_url=storage_url,
-            backend=backend,
+            backend=backend_arg,
             jobs=jobs,
             seed=seed,
             sampler=args.sampler,

@@ -602,3 +602,98 @@ def _nelder_mead(f, x0: np.ndarray, iterations: int, progress=None):
                 values = [values[0]] + [f(x) for x in simplex[1:]]
     i = int(np.argmin(values))
     return simplex[i], values[i]
+
+
+# -- measuring the calibration kernels on this node ----------------------------------------------
+
+
+def measure_on_hardware(
+    backend, row_ids=None, shape: dict | None = None, progress: Callable[[str], None] | None = None
+) -> tuple[dict, list[str]]:
+    """Run the published rows' calibration kernels on this node's NeuronCores through the
+    tuner's hardware workers (:mod:`neuron_kernels.autotune.neff_backend`): one NEFF per
+    kernel, device-side latency from nrtpy, each output checked against ``lhsT.T @ rhs``.
+
+    Returns the measurements document :func:`load_measurements` reads (``--fit``), and one
+    line per row that could not be measured. At the published shape each row is written by
+    its ``id``; at another ``shape`` (``{"K", "M", "N"}``) as a kernel row with its shapes.
+    The tolerance is the matmul op's for the row's dtype (the same product, accumulated in
+    fp32 PSUM), chosen before any measurement.
+    """
+    import tempfile
+
+    import torch
+
+    from neuron_kernels.autotune.backends import MeasurementFailure
+    from neuron_kernels.autotune.neff_backend import NeffRunner
+    from neuron_kernels.kernels.spec import get_spec
+    from neuron_kernels.perf_results.calibration import tutorial_matmul
+    from neuron_kernels.testing import assert_within_tolerance
+
+    published = load_published()
+    at = dict(shape or published["shape"])
+    target = backend.target.name
+    tolerances = get_spec("matmul").tolerances
+    code_hash = code_fingerprint(tutorial_matmul)
+    rng = np.random.default_rng(0)
+    rows, failures, compiler = [], [], None
+    for row in published["rows"]:
+        if row_ids and row["id"] not in row_ids:
+            continue
+        dt = _np_dtype(row["dtype"])
+        lhsT = rng.standard_normal((at["K"], at["M"])).astype(dt)
+        rhs = rng.standard_normal((at["K"], at["N"])).astype(dt)
+        kernel = getattr(tutorial_matmul, row["kernel"])
+        kwargs = dict(row.get("kwargs") or {})
+        tgt = target_from_name(target)
+        traced = run(kernel, (lhsT, rhs), kwargs, target=tgt, compute=False)
+        outs = traced.outputs if isinstance(traced.outputs, (tuple, list)) else (traced.outputs,)
+        launches = [(False, [(list(o.shape), str(o.dtype).removeprefix("torch.")) for o in outs])]
+        workdir = backend.workdir / "trials"
+        workdir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + backend.trial_deadline_s
+        runner = NeffRunner(
+            backend,
+            launches,
+            Path(tempfile.mkdtemp(prefix=f"calibrate-{row['id']}-", dir=workdir)),
+            deadline,
+            modules=(tutorial_matmul,),
+            code_hash=code_hash,
+        )
+        try:
+            got = runner(kernel, lhsT, rhs, **kwargs)
+            want = torch.from_numpy(lhsT.astype(np.float64)).T @ torch.from_numpy(
+                rhs.astype(np.float64)
+            )
+            assert_within_tolerance(got, want, tolerances[row["dtype"]], "on the NeuronCore")
+        except (MeasurementFailure, AssertionError) as exc:
+            failures.append(f"{row['id']}: {str(exc).splitlines()[0]}")
+            if progress:
+                progress(f"FAIL {failures[-1]}")
+            continue
+        result = runner.results[0]
+        compiler = compiler or runner.compiles[0].get("compiler_version")
+        ms = result["latency_us"]["p50"] / 1e3
+        entry = {"measured_ms": ms, "p99_ms": result["latency_us"]["p99"] / 1e3}
+        if at == published["shape"]:
+            entry["id"] = row["id"]
+        else:
+            entry.update(
+                kernel=f"{tutorial_matmul.__name__}:{row['kernel']}",
+                shapes=[[at["K"], at["M"]], [at["K"], at["N"]]],
+                dtype=row["dtype"],
+                kwargs=kwargs,
+                id=row["id"],
+            )
+        rows.append(entry)
+        if progress:
+            progress(f"measured {row['id']}: {ms:.4f} ms (device-side median)")
+    doc = {
+        "target": target,
+        "source": "neuron-kernels calibrate --measure (nrtpy benchmark, mode='device', p50)",
+        "instance_type": backend.node.instance_type,
+        "lnc": backend.lnc,
+        "compiler_version": compiler or "unknown",
+        "rows": rows,
+    }
+    return doc, failures

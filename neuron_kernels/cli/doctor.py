@@ -80,6 +80,25 @@ def _device(problems: list[str]) -> dict:
     }
 
 
+def _hardware_tuning(problems: list[str]) -> dict:
+    """Whether ``autotune --backend hardware`` (and ``calibrate --measure``) can run here,
+    and if not the one thing missing (autotune/hw_node.py: a NeuronCore, nki >= 0.6, an
+    nrtpy interpreter from $NEURON_KERNELS_NRTPY_PYTHON, the node's cores)."""
+    from neuron_kernels.autotune import hw_node
+
+    ready = _guard(problems, "hardware backend check", hw_node.readiness)
+    if ready is None:
+        return {"ready": False, "missing": "the check itself failed (see problems)"}
+    out = {"ready": ready.ready, "missing": ready.missing, "nrtpy_python": ready.nrtpy_python}
+    if ready.node is not None:
+        out.update(
+            instance_type=ready.node.instance_type,
+            lnc=ready.node.lnc,
+            logical_cores=len(ready.node.logical_cores),
+        )
+    return out
+
+
 def _perf_results(spec, target: str, problems: list[str]) -> dict:
     from neuron_kernels.autotune import results
 
@@ -209,6 +228,7 @@ def collect(target_name: str | None = None) -> dict:
             "how": f"export {routing.DISABLE_ENV}=1 (no code change; unset or 0 to undo)",
         },
     }
+    state["hardware_tuning"] = _hardware_tuning(problems)
     state["ops"] = _op_rows(state, target.name, problems)
     state["all_ops_fall_back"] = all(r["neuron_device"] == "fallback" for r in state["ops"])
     state["problems"] = problems
@@ -251,6 +271,11 @@ def _print(state: dict) -> None:
     t = state["target"]
     print(f"target: {t['name']}  [{t['variable']}={t['value'] or 'unset'}]")
     print(f"CPU tensors: {state['cpu_mode']}  [NEURON_KERNELS_CPU]")
+    hw = state["hardware_tuning"]
+    print(
+        "hardware tuning (autotune --backend hardware): "
+        + ("ready" if hw["ready"] else f"cannot run here: {hw['missing']}")
+    )
     print("\nOps:")
     for r in state["ops"]:
         print(f"  {r['op']}: neuron device -> {r['neuron_device']} ({r['why']})")

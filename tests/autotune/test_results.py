@@ -205,7 +205,7 @@ def test_kernel_hash_ignores_tolerances_and_docstrings_but_not_code():
     assert results.kernel_hash(loose) == before
 
     def other_run_kernels(a, b, *, config, runner):
-        return runner(matmul.matmul, a, b, None)
+        return runner(matmul.matmul_kernel, a, b, None)
 
     changed = dataclasses.replace(SPEC, run_kernels=other_run_kernels)
     assert results.kernel_hash(changed) != before

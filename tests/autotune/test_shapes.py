@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,8 +13,27 @@ from neuron_kernels.kernels import REGISTRY
 from neuron_kernels.kernels.spec import shape_parser
 
 
-def test_every_registered_op_has_committed_shapes():
-    assert set(SHAPES) == set(REGISTRY)
+def test_the_table_names_only_registered_ops_and_never_one_that_declares_its_own():
+    """A new op declares ``committed_shapes`` on its spec; the table is not a required edit,
+    and an op has one source of shapes, never two."""
+    assert set(SHAPES) <= set(REGISTRY), sorted(set(SHAPES) - set(REGISTRY))
+    both = sorted(n for n in SHAPES if REGISTRY[n].committed_shapes)
+    assert not both, f"{both}: committed shapes on the OpSpec and in autotune/shapes.py"
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_registered_op_has_committed_points(name):
+    assert points_for(REGISTRY[name]), name
+
+
+def test_a_spec_s_committed_shapes_win_then_the_table_then_its_large_problem():
+    matmul = REGISTRY["matmul"]
+    own = dataclasses.replace(matmul, committed_shapes=(("64x32x16", "float32", "mine"),))
+    assert [(p.shape, p.dtype) for p in points_for(own)] == [("64x32x16", "float32")]
+    assert [p.shape for p in points_for(matmul)] == [s for s, _, _ in SHAPES["matmul"]]
+    unlisted = dataclasses.replace(matmul, name="matmul_unlisted")
+    large = matmul.test_problems["large"]
+    assert [p.problem for p in points_for(unlisted)] == [large]
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

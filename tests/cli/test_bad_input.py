@@ -40,7 +40,7 @@ def _files(tmp):
         "bad-kernel-shapes.json": {
             "rows": [
                 {
-                    "kernel": "neuron_kernels.kernels.matmul:matmul",
+                    "kernel": "neuron_kernels.kernels.matmul:matmul_kernel",
                     "shapes": [[-1, 2]],
                     "measured_ms": 1,
                 }

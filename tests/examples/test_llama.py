@@ -1,6 +1,6 @@
-"""The Llama example: one setting moves norms, attention, projections and the optimizer to
-the library, each piece that claims a kernel launches one, both settings start from the
-same parameters and data, the rollback switch runs no kernel, and the script runs as a
+"""The Llama example: one setting moves norms, attention, projections, the SwiGLU activation
+and the optimizer to the library, each piece that claims a kernel launches one, both
+settings start from the same parameters and data, the rollback switch runs no kernel, and the script runs as a
 user would run it.
 
 Tolerance, chosen before any run: 2e-3 (absolute loss) between the plain and the kernel
@@ -18,7 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from neuron_kernels.cli import parity
@@ -35,22 +34,10 @@ PIECE_OPS = {
     "projections": "matmul",
     "norms": "rms_norm",
     "attention": "flash_attention",
+    "activation": "swiglu",
     "optimizer": "fused_adamw_",
 }
 SMALL = dict(seed=0, device="cpu", batch_size=1, seq_len=64)
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    calls = []
-    real = routing.interpreter_runner
-
-    def counting(kernel, *args, **kwargs):
-        calls.append(kernel)
-        return real(kernel, *args, **kwargs)
-
-    monkeypatch.setattr(routing, "interpreter_runner", counting)
-    return calls
 
 
 def test_the_setting_switches_every_piece_the_library_has():
@@ -83,10 +70,10 @@ def test_data_is_the_same_batches_in_the_same_order():
     assert not torch.equal(a.batch(0), DATA.SyntheticTokens(256, 16, 2, seed=2).batch(0))
 
 
-def test_kernel_path_runs_a_kernel_for_every_claimed_piece(launches):
+def test_kernel_path_runs_a_kernel_for_every_claimed_piece(kernel_launches):
     plain = TRAIN.train(2, kernels=False, **SMALL)
     result = TRAIN.train(2, kernels=True, **SMALL)
-    launched = set(launches)
+    launched = set(kernel_launches)
     for name, piece in result.pieces.items():
         if piece["kernel"]:
             op = PIECE_OPS[name]  # the op and its parts (rms_norm_fwd/_bwd, ...)
@@ -96,11 +83,11 @@ def test_kernel_path_runs_a_kernel_for_every_claimed_piece(launches):
     assert max(abs(k - r) for k, r in zip(result.losses, plain.losses)) <= TOLERANCE
 
 
-def test_rollback_switch_runs_no_kernel(launches, monkeypatch):
+def test_rollback_switch_runs_no_kernel(kernel_launches, monkeypatch):
     monkeypatch.setenv(routing.DISABLE_ENV, "1")
     plain = TRAIN.train(2, kernels=False, **SMALL)
     rolled_back = TRAIN.train(2, kernels=True, **SMALL)
-    assert launches == []
+    assert kernel_launches == []
     assert max(abs(k - r) for k, r in zip(rolled_back.losses, plain.losses)) <= TOLERANCE
 
 

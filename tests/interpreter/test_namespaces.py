@@ -488,3 +488,24 @@ def test_unknown_names_raise_not_implemented_naming_them():
             mod.no_such_api  # noqa: B018 (the attribute access is what raises)
         assert "nor is it an NKI 0.6 API" in str(info.value)
         assert not hasattr(mod, "no_such_api")  # also an AttributeError, for hasattr()
+
+
+# The ``nki`` package's submodules and ``nki.collectives``' names (aws-neuron/aws-neuron-sdk
+# nki/api/nki/ at 81ce03ae: __init__.py defines jit and simulate, beside the packages
+# collectives/, isa/ and language/; nki/api/nki.rst lists jit and simulate). Read by
+# tests/test_nki_api_surface.py, which holds the whole package to these tables.
+NKI_SUBMODULES = ["language", "isa", "collectives"]
+COLLECTIVES = [
+    "ReplicaGroup",
+    "all_gather",
+    "all_gather_v",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_v",
+    "collective_permute",
+    "collective_permute_implicit",
+    "collective_permute_implicit_current_processing_rank_id",
+    "collective_permute_implicit_reduce",
+    "rank_id",
+    "reduce_scatter",
+]
