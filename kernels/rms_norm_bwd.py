@@ -1,18 +1,30 @@
 """RMSNorm backward: ``dx`` and ``dw`` from ``dy``, ``x``, ``w`` and the forward's saved rstd.
 
-With ``r`` the row's rstd, ``g = dy * (offset + w)`` and ``s = sum_h g * x`` per row:
+With ``r`` the row's rstd, ``g = dy * (offset + w)`` and ``s = sum_h (dy * x) * w`` per row:
 
-    dx = r * g - (r^3 * s / H) * x            dw = sum over rows of r * dy * x
+    dx = r * (g + k * x), k = -r^2 s / H       dw = sum over rows of r * dy * x
 
-Rows sit on the partitions, as in the forward. Per row the kernel forms ``g`` and ``s``
-(VectorE products, the row sum as a ScalarE add-reduction), then ``dx`` as one VectorE
-``scalar_tensor_tensor`` (``x * k + g`` with the per-row ``k = -r^2 s / H``) scaled by
-``r`` on the Scalar Engine on its way to the output dtype. ``dw`` is a sum over rows,
-i.e. over partitions: TensorE contracts ``dy * x`` (fp32) against the rstd column
-(stationary ``[rows, 1]``), so the row weights come for free and the fp32 partial sums
-accumulate in PSUM across all row tiles (or, when H needs more banks than PSUM has, are
-folded per row tile into an fp32 SBUF accumulator); dw is cast once at the end. No
-partial sum is ever held in bf16.
+Rows sit on the partitions, as in the forward; row units (row j of a row tile) are
+software-pipelined, pass 1 of the next unit issued before pass 2 of this one.
+
+- Pass 1, per chunk: ``dy * x`` in fp32 (GpSimd or VectorE; exact for 2-byte inputs).
+  TensorE sums it over the rows into dw: each [rows, 128] block of ``dy * x`` is the
+  stationary, the rstd column the moving tile, so the block's 128 sums land on the
+  partitions of one column of a [128, ceil(H / 128)] fp32 PSUM tile that accumulates
+  over every row tile (one bank; the equivalent of the diagonal of x^T diag(r) dy).
+  With ``weight_broadcast="tensor"`` the fp32 ``offset + w`` is held as three bf16 rows
+  whose sum is exact and broadcast per 512 columns into PSUM by a K=3 matmul with a
+  ones stationary; VectorE forms ``g`` and ``(dy * x) * w`` with w read from PSUM (N
+  cycles instead of 2N, nki/api/nki/isa tensor_tensor: one SBUF and one PSUM input).
+  ScalarE sums ``(dy * x) * w`` over the row (register chain over the chunks).
+- Then, on ScalarE: ``k`` and, for ``dx_combine="tensor"``, diag(k) in three exact
+  bf16 parts (fp32 inputs: one fp32 diag(k)).
+- Pass 2, per 512 columns: TensorE puts ``k * x`` in PSUM (the diag parts against x),
+  VectorE adds ``g``, ScalarE scales by ``r`` into the output dtype; each chunk of dx
+  is stored as it is done.
+
+dw rounds once at the end (LNC=1) or is written as the core's fp32 partial (LNC > 1).
+Every intermediate is fp32; no partial sum is ever held in bf16.
 """
 
 from __future__ import annotations
