@@ -2,6 +2,7 @@
 direction's minimum HBM traffic, and the engine that binds.
 
     python benchmarks/rms_norm.py [--target trn2] [--dtype bfloat16] [--all-configs]
+        [--direction both|forward|backward] [--lnc N]
 
 Shapes are [rows, H] = [4096, 4096] and [16384, 8192]. The floors: the forward must read
 x and w once and write y once; the backward must read x, w, dy and the saved rstd (fp32)
@@ -71,6 +72,12 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
     parser.add_argument("--all-configs", action="store_true", help="every valid config, best shown")
     parser.add_argument(
+        "--direction",
+        choices=("forward", "backward", "both"),
+        default="both",
+        help="which direction to model (default both)",
+    )
+    parser.add_argument(
         "--lnc",
         type=int,
         default=None,
@@ -84,6 +91,8 @@ def main(argv=None) -> int:
         "core(s)"
     )
     for direction, spec in (("forward", rms_norm.FWD_SPEC), ("backward", rms_norm_bwd.SPEC)):
+        if args.direction not in ("both", direction):
+            continue
         for rows, h in SHAPES:
             configs = [spec.config.default()]
             if args.all_configs:
