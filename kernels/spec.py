@@ -364,6 +364,14 @@ class OpSpec:
             total += math.prod(shape) * torch.empty((), dtype=out_dtype).element_size()
         return total
 
+    def interpreter_bytes(self, args) -> int:
+        """Estimated peak host bytes of running the op's kernels on the interpreter for the
+        op arguments ``args`` (sizes only; see :mod:`neuron_kernels.kernels.footprint`, where
+        each op's instruction estimate and the bytes per instruction live)."""
+        from neuron_kernels.kernels import footprint
+
+        return footprint.interpreter_bytes(self, args)
+
     def mutated_tensors(self, args) -> list:
         """The tensors among ``args`` (``run_kernels``' positional arguments) that the op
         updates in place (its ``mutates`` arguments), flattened."""

@@ -15,6 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from neuron_kernels.errors import LimitError
+from neuron_kernels.kernels import footprint
 from neuron_kernels.kernels.spec import OpSpec, runner_lnc
 from neuron_kernels.torch_ops import neuron_device, routing
 
@@ -137,6 +138,7 @@ def _host_op(spec: OpSpec, sig: inspect.Signature, bind, qualname: str):
         if routing.kernels_disabled():  # the rollback switch: reference math everywhere
             return spec.reference(*args, upcast=False)
         if device.type == "cpu" and routing.current_cpu_mode() == "interpret":
+            footprint.check_fits(spec, args)  # before the interpreter allocates anything
             runner = routing.cpu_runner()
             choice = routing.select_config(spec, args, runner.target, runner_lnc(runner))
             return spec.run_kernels(*args, config=choice.config, runner=runner)

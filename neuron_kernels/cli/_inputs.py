@@ -8,6 +8,7 @@ import os
 
 from neuron_kernels.cli import UsageError
 from neuron_kernels.errors import LimitError
+from neuron_kernels.kernels.footprint import host_memory_bytes  # shared with the ops' check
 
 __all__ = [
     "DTYPE_ALIASES",
@@ -151,18 +152,3 @@ def output_path(flag: str, path: str | None) -> str | None:
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise UsageError(flag, path, "exists and is not writable")
     return path
-
-
-def host_memory_bytes() -> int:
-    """Memory this machine can still give (MemAvailable, else physical memory)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62  # unknown: do not refuse
