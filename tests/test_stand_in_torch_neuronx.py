@@ -36,10 +36,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 STAND_IN = Path(__file__).parent / "stand_in_torch_neuronx"
 EXAMPLES = ROOT / "examples"
-# Until the kernels split their work by nl.program_id (issue 28b, not on main yet), a kernel
-# launched at [(2,)] has both cores write every output: the interpreter refuses that race.
-# The checks below run at LNC=1 unless they say otherwise; the Llama block also at LNC=2.
-UNSPLIT = "issue 28b (pending on main): kernels not yet split by program_id race at [(2,)]"
+# The checks below run at LNC=1 unless they say otherwise (the kernels split their work by
+# nl.program_id, so LNC=2 is the Llama block's second case; the contract suite runs at both
+# LNCs without the double).
 ITEM_2 = (
     "issue 29 item 2 (pending): fused_adamw_ passes tensor lists to one kernel, which "
     "torch_neuronx.wrap_nki cannot carry; until it lands the neuron branch refuses the op"
@@ -52,7 +51,7 @@ def _run(
     """``code`` in a fresh interpreter with the double importable (after ``before``, before
     any PYTHONPATH the caller has, so a run against another checkout still sees it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_", "STAND_IN_"))}
-    env["NEURON_LOGICAL_NC_CONFIG"] = "1"  # see UNSPLIT
+    env["NEURON_LOGICAL_NC_CONFIG"] = "1"  # see the note above ROOT
     env.update(env_vars)
     rest = os.environ.get("PYTHONPATH")
     env["PYTHONPATH"] = os.pathsep.join(
@@ -223,8 +222,9 @@ assert len(COMPILED_GRAPHS) == 2, len(COMPILED_GRAPHS)
 nodes = [n for g in COMPILED_GRAPHS for n in g.graph.nodes if n.target is nki_hop.nki_kernel_wrapper]
 labels = sorted(nki_hop.kernel_label(n.kwargs["kernel_idx"]) for n in nodes)
 assert labels == sorted(k for k, _ in launches) == sorted(k for k, _ in eager_launches), (labels, launches)
-assert {"matmul.forward", "rms_norm.forward", "flash_attention.forward",
-        "rms_norm_bwd.backward", "flash_attention_bwd.backward"} <= set(labels), labels
+assert {"matmul.matmul_kernel", "rms_norm.rms_norm_fwd_kernel",
+        "flash_attention.flash_attention_fwd_kernel", "rms_norm_bwd.rms_norm_bwd_kernel",
+        "flash_attention_bwd.flash_attention_bwd_kernel"} <= set(labels), labels
 # The LNC grid reaches every launch, in the graph and at run time.
 assert {tuple(n.kwargs["grid"]) for n in nodes} == {(lnc,)}, [n.kwargs["grid"] for n in nodes]
 assert {g for _, g in launches + eager_launches} == {(lnc,)}
@@ -248,7 +248,7 @@ print("ok", len(launches))
 
 
 @pytest.mark.parametrize(
-    "lnc", [1, pytest.param(2, marks=pytest.mark.xfail(strict=True, reason=UNSPLIT))]
+    "lnc", [1, 2]
 )
 def test_llama_block_compiles_on_the_neuron_backend(lnc):
     out = _ok(_run(LLAMA_SCRIPT, paths=(EXAMPLES,), NEURON_LOGICAL_NC_CONFIG=str(lnc)))
