@@ -71,7 +71,9 @@ def compile_launch(request: Path) -> dict:
             args.append(constants[a["constant"]])
     ran, error = True, None
     try:
-        kernel(*args)  # compiles into NKI_ARTIFACTS_DIR, then runs on this worker's core
+        lnc = int(req.get("lnc", 1))
+        launch = kernel[lnc] if lnc > 1 else kernel  # nki/api/nki/__init__.py: kernel[lnc]
+        launch(*args)  # compiles into NKI_ARTIFACTS_DIR, then runs on this worker's core
     except Exception as exc:  # noqa: BLE001  (the NEFF may exist all the same)
         ran, error = False, f"{type(exc).__name__}: {exc}"
     neffs = sorted(artifacts.rglob("*.neff"))

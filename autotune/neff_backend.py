@@ -223,12 +223,20 @@ def _is_tensor(x) -> bool:
 
 
 def _locate(kernel, modules) -> tuple[str, str]:
-    """(module, attribute) under which ``kernel`` can be imported by the compile worker."""
+    """(module, attribute) under which ``kernel`` can be imported by the compile worker; a
+    ``kernel[lnc]`` launch is found as the kernel it indexes (the worker launches it at the
+    request's LNC)."""
+    function = getattr(kernel, "fn", None) or getattr(kernel, "func", None)
     for module in modules:
         if module is None:
             continue
         for name, value in vars(module).items():
-            if value is kernel and not name.startswith("__"):
+            if name.startswith("__"):
+                continue
+            if value is kernel or (
+                function is not None
+                and (getattr(value, "fn", None) or getattr(value, "func", None)) is function
+            ):
                 return module.__name__, name
     raise MeasurementFailure(
         f"cannot find kernel {kernel!r} by name in {[m.__name__ for m in modules if m]}"

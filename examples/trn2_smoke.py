@@ -12,6 +12,10 @@ Checks:
     hardware tuning: a one-trial hardware study of matmul (compile worker -> NEFF, measure
         worker -> device-side latency on a NeuronCore, correctness gate against the
         reference), whose "hardware" entry the op's config lookup then returns.
+    <op> at LNC=2: every op's kernels launched as ``kernel[2]`` (the two physical cores of
+        a Trn2 logical core, each taking its share by ``nl.program_id``) on the op's probe
+        problem, against its float64 reference, held to the op's tolerance. Skipped (one
+        line) where the target or ``NEURON_LOGICAL_NC_CONFIG`` does not launch at LNC=2.
     flash_attention, rms_norm, matmul, FusedAdamW: the op on the ``neuron`` device, eagerly
         and under ``torch.compile(backend="neuron", fullgraph=True)`` (the optimizer step
         compiled as a function), against the same computation in plain torch on CPU in
@@ -32,7 +36,9 @@ import torch
 import neuron_kernels  # noqa: F401  (registers torch.ops.neuron.*)
 from neuron_kernels.hardware import default_target, launch_lnc
 from neuron_kernels.kernels import REGISTRY
-from neuron_kernels.torch_ops import cpu_mode
+from neuron_kernels.kernels.spec import FunctionRunner
+from neuron_kernels.testing import copy_args
+from neuron_kernels.torch_ops import cpu_mode, neuron_device, routing
 from neuron_kernels.torch_ops.optim import FusedAdamW
 
 # Small problems: quick on the interpreter, still several tiles and the GQA/causal paths.
@@ -184,6 +190,56 @@ def _op_checks(dtype: str) -> bool:
     return ok
 
 
+def _lnc2_check(spec, dtype: str, device: str, runner):
+    """One op's kernels at LNC=2 on its probe problem against the fp64 reference: its output,
+    or for an in-place op every tensor it updates."""
+
+    def check():
+        args = spec.make_inputs(
+            spec.test_problems["probe"], dtype, torch.Generator().manual_seed(0)
+        )
+        moved = tuple(
+            a.to(device) if isinstance(a, torch.Tensor) else
+            [t.to(device) for t in a] if isinstance(a, list) else a
+            for a in args
+        )  # fmt: skip
+        config = spec.config.default()
+        if spec.mutates:
+            ran, ref = copy_args(moved), copy_args(args, torch.float64)
+            spec.run_kernels(*ran, config=config, runner=runner)
+            spec.reference(*ref, upcast=True)
+            pairs = list(zip(spec.mutated_tensors(ran), spec.mutated_tensors(ref)))
+        else:
+            out = spec.run_kernels(*moved, config=config, runner=runner)
+            ref = spec.reference(*args, upcast=True)
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            refs = ref if isinstance(ref, (tuple, list)) else [ref]
+            pairs = list(zip(outs, refs))
+        results = [_within(got, want, spec.tolerances[dtype]) for got, want in pairs]
+        worst = max(results, key=lambda r: float(r[1].split()[2]))
+        return all(ok for ok, _ in results), worst[1]
+
+    return check
+
+
+def _lnc2_checks(dtype: str) -> bool:
+    """Every op's kernels launched at LNC=2; True when all pass (or LNC=2 is not launched)."""
+    device, _ = _place()
+    target = default_target()
+    if 2 not in target.lnc_choices or launch_lnc(target) != 2:
+        print(f"SKIP ops at LNC=2: {target.name} launches at LNC={launch_lnc(target)} here")
+        return True
+    if device == "cpu":  # the kernels on the NKI interpreter, two program instances
+        runner = FunctionRunner(routing.interpreter_runner, target, 2)
+    else:  # the jitted kernels on the node, launched kernel[2]
+        runner = FunctionRunner(neuron_device.call_jitted, target, 2)
+    ok = True
+    for name, spec in sorted(REGISTRY.items()):
+        if spec.kernels and dtype in spec.dtypes:
+            ok &= _report(f"{name} at LNC=2", _lnc2_check(spec, dtype, device, runner))
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nrtpy-python", default=None, help="the nrtpy environment's python")
@@ -201,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{'PASS' if ok else 'FAIL'} hardware tuning: matmul {args.shape} bf16, one trial: {detail}"
         )
+    failed += not _lnc2_checks(args.dtype)
     failed += not _op_checks(args.dtype)
     return 1 if failed else 0
 

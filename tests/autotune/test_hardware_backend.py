@@ -186,7 +186,7 @@ def test_a_study_on_the_doubles_writes_hardware_entries_the_op_reads(node, tmp_p
         "model_version": _model_version(),
         "config": spec.config.default().to_dict(),
     }
-    modeled.pop("hardware"), modeled.pop("lnc")
+    modeled.pop("hardware")  # same key, LNC included
     results.write_entry(spec, modeled, "trn2", tmp_path / "perf_results")
     monkeypatch.setenv(results.PERF_RESULTS_ENV, str(tmp_path / "perf_results"))
     from neuron_kernels.torch_ops.routing import select_config
@@ -194,7 +194,7 @@ def test_a_study_on_the_doubles_writes_hardware_entries_the_op_reads(node, tmp_p
     args = spec.make_inputs(
         point.problem, "bfloat16", __import__("torch").Generator().manual_seed(0)
     )
-    choice = select_config(spec, args, "trn2")  # what the op runs with
+    choice = select_config(spec, args, "trn2", lnc=2)  # what the op runs with at LNC=2
     assert choice.source == "hardware" and choice.config.to_dict() == found.best_config
 
 
@@ -322,6 +322,9 @@ def test_trn2_smoke_example_passes_on_the_doubles(node, capsys):
     assert code == 0, out
     assert out.startswith("PASS hardware tuning: matmul 256x256x256 bf16, one trial: ")
     assert "on trn2.48xlarge at LNC=2" in out
+    # issue 28: one line per op launched at LNC=2 (here on the interpreter's two cores)
+    for op in ("matmul", "rms_norm_fwd", "rms_norm_bwd", "flash_attention_fwd", "fused_adamw_"):
+        assert f"PASS {op} at LNC=2: " in out, out
 
 
 def test_trn2_smoke_example_fails_off_a_trn2_node(monkeypatch, capsys):

@@ -86,7 +86,8 @@ class _Kernel:
             "args": structure,
             "constants": base64.b64encode(pickle.dumps(constants)).decode(),
             "target": os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2"),
-            "lnc": os.environ.get("NEURON_LOGICAL_NC_CONFIG"),
+            # the launch grid (nki/api/nki/__init__.py: ``kernel[lnc]``, default 1)
+            "lnc": int(self.grid[0]) if self.grid else 1,
         }
         folder = Path(_ARTIFACTS_DIR)
         folder.mkdir(parents=True, exist_ok=True)

@@ -153,7 +153,9 @@ class NrtpyModel:
                 args.append(constants[a["constant"]])
         module = importlib.import_module(self._neff["module"])
         kernel = getattr(module, self._neff["name"])
-        result = run(kernel, tuple(args), {}, target=self._neff["target"], compute=True)
+        lnc = int(self._neff.get("lnc") or 1)  # the NEFF runs at the LNC it was compiled for
+        launch = kernel[lnc] if lnc > 1 else kernel
+        result = run(launch, tuple(args), {}, target=self._neff["target"], compute=True)
         self._latency_ms = model_trace(result.trace, result.target).latency_ns / 1e6
         outs = result.outputs if isinstance(result.outputs, (tuple, list)) else (result.outputs,)
         arrays_out = []
