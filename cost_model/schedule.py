@@ -652,16 +652,18 @@ class _Deps:
 
     def ready(self, ins: Instruction, unit: str, same_unit_ok: bool, sync: float, bounds=None):
         """(ready time, binding producer index) from RAW/WAR/WAW on the operands."""
-        # The loops test overlap inline (``_overlap(b, other)``, same order of tests): the
+        # The loops test overlap inline (``_overlap(b, other)``, byte range first): the
         # scans run over every live region of the storage, the hot loop of the schedule.
         read_bounds, write_bounds = bounds if bounds is not None else self.bounds(ins)
         t, who = 0.0, -1
         edge = self._edge
         for a, b in zip(ins.reads, read_bounds):
             p0, p1, lo, hi, stride, c0, c1 = b
-            for wb, (end, wunit, widx) in self.writes[a.storage].items():
-                if p0 < wb[1] and wb[0] < p1 and lo < wb[3] and wb[2] < hi:
-                    if stride and stride == wb[4] and not (c0 < wb[6] and wb[5] < c1):
+            for (q0, q1, qlo, qhi, qs, d0, d1), (end, wunit, widx) in self.writes[
+                a.storage
+            ].items():
+                if lo < qhi and qlo < hi and p0 < q1 and q0 < p1:
+                    if stride and stride == qs and not (c0 < d1 and d0 < c1):
                         continue
                     e = edge(end, wunit, unit, same_unit_ok, sync, raw=True)
                     if e > t:
@@ -669,16 +671,16 @@ class _Deps:
         for a, b in zip(ins.writes, write_bounds):
             p0, p1, lo, hi, stride, c0, c1 = b
             st = a.storage
-            for wb, (end, wunit, widx) in self.writes[st].items():
-                if p0 < wb[1] and wb[0] < p1 and lo < wb[3] and wb[2] < hi:
-                    if stride and stride == wb[4] and not (c0 < wb[6] and wb[5] < c1):
+            for (q0, q1, qlo, qhi, qs, d0, d1), (end, wunit, widx) in self.writes[st].items():
+                if lo < qhi and qlo < hi and p0 < q1 and q0 < p1:
+                    if stride and stride == qs and not (c0 < d1 and d0 < c1):
                         continue
                     e = edge(end, wunit, unit, same_unit_ok, sync, raw=False)
                     if e > t:
                         t, who = e, widx
-            for (rb, _), (end, runit, ridx) in self.reads[st].items():
-                if p0 < rb[1] and rb[0] < p1 and lo < rb[3] and rb[2] < hi:
-                    if stride and stride == rb[4] and not (c0 < rb[6] and rb[5] < c1):
+            for ((q0, q1, qlo, qhi, qs, d0, d1), _), (end, runit, ridx) in self.reads[st].items():
+                if lo < qhi and qlo < hi and p0 < q1 and q0 < p1:
+                    if stride and stride == qs and not (c0 < d1 and d0 < c1):
                         continue
                     e = edge(end, runit, unit, same_unit_ok, sync, raw=False)
                     if e > t:
