@@ -124,6 +124,7 @@ class Storage:
         "views",
         "geometry",
         "buffer_value",
+        "accesses",
     )
 
     def __init__(self, uid, shape, dtype, buffer, name, precise_fp, array=None, compute=True):
@@ -144,6 +145,9 @@ class Storage:
         # its identity): the key of the per-geometry caches of __getitem__ and _access.
         self.geometry = (self.shape, self.itemsize, self.on_chip)
         self.buffer_value = buffer.value  # MemoryRegion.value is an enum property (slow)
+        # (shape, strides, offset, dtype) -> Access of a view: equal views share one frozen
+        # record. Released with the last view (NkiTensor.__del__).
+        self.accesses = None
         if array is None and compute:
             array = np.full(
                 self.size, dtypes.sentinel(dtype), dtype=dtypes.storage_dtype(dtype, precise_fp)
@@ -194,12 +198,15 @@ class NkiTensor(NKIObject):
     def __del__(self) -> None:
         # A PSUM tile none of whose views is left can never be read or written again: its
         # per-element accumulation state (one byte per element, 64 KiB for a 2 KiB bank of
-        # 128 partitions) is released. The Storage itself stays (liveness, capacity check).
+        # 128 partitions) is released, and (any storage) the Access records of its views.
+        # The Storage itself stays (liveness, capacity check).
         storage = self.__dict__.get("_storage")
         if storage is not None:
             storage.views -= 1
-            if storage.views == 0 and storage.on_chip:
-                storage.psum_state = None
+            if storage.views == 0:
+                storage.accesses = None
+                if storage.on_chip:
+                    storage.psum_state = None
 
     def __copy__(self) -> NkiTensor:
         # Through _init_view, so the copy is counted in Storage.views like any other view.
@@ -527,14 +534,21 @@ class NkiTensor(NKIObject):
             return self._indirect_access()
         st = self._storage
         shape = self.shape
-        geo_key = (shape, self.strides, self.offset, self.dtype, st.geometry)
-        geo = _ACCESS_CACHE.get(geo_key)
-        if geo is None:
-            geo = _access_geometry(st, shape, self.strides, self.offset, self.dtype)
-            if len(_ACCESS_CACHE) >= _VIEW_CACHE_MAX:
-                _ACCESS_CACHE.clear()
-            _ACCESS_CACHE[geo_key] = geo
-        acc = self._acc = Access(st.uid, st.name, st.buffer_value, self.dtype, shape, *geo)
+        cache = st.accesses
+        if cache is None:
+            cache = st.accesses = {}
+        key = (shape, self.strides, self.offset, self.dtype)
+        acc = cache.get(key)
+        if acc is None:
+            geo_key = (*key, st.geometry)
+            geo = _ACCESS_CACHE.get(geo_key)
+            if geo is None:
+                geo = _access_geometry(st, shape, self.strides, self.offset, self.dtype)
+                if len(_ACCESS_CACHE) >= _VIEW_CACHE_MAX:
+                    _ACCESS_CACHE.clear()
+                _ACCESS_CACHE[geo_key] = geo
+            acc = cache[key] = Access(st.uid, st.name, st.buffer_value, self.dtype, shape, *geo)
+        self._acc = acc
         return acc
 
     def _indirect_access(self) -> Access:
