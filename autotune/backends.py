@@ -84,14 +84,17 @@ def _floors(report, spec, problem: dict, dtype: str, copies: int = 1) -> tuple[f
 
 
 class ModelBackend:
-    """Modeled latency: trace-only interpreter run at the full shape (or one of its
-    ``model_slice`` pieces, times their count) + the cost model."""
+    """Modeled latency: trace-only interpreter run at the full shape (or, at LNC=1, one of
+    its ``model_slice`` pieces, times their count) + the cost model, the kernels launched
+    at LNC ``lnc``. At LNC > 1 the whole launch is traced (every core's share): a slice
+    does not split over the cores as the whole problem does."""
 
     name = "model"
     source = "modeled"
 
-    def __init__(self, target: str, **param_overrides) -> None:
+    def __init__(self, target: str, lnc: int = 1, **param_overrides) -> None:
         self.target = target_from_name(target)
+        self.lnc = lnc
         self.param_overrides = param_overrides
         self._inputs: dict[tuple, tuple] = {}
 
@@ -120,8 +123,10 @@ class ModelBackend:
     def measure(self, spec, problem: dict, dtype: str, config) -> Measurement:
         from neuron_kernels.cost_model.profiler import Profiler
 
-        traced, copies = spec.model_slice(problem) if spec.model_slice else (problem, 1)
+        sliced = spec.model_slice is not None and self.lnc == 1
+        traced, copies = spec.model_slice(problem) if sliced else (problem, 1)
         profiler = Profiler(target=self.target, compute=False, **self.param_overrides)
+        profiler.lnc = self.lnc  # the LNC the op's run_kernels launches at (spec.runner_lnc)
         spec.run_kernels(*self.trace_inputs(spec, traced, dtype), config=config, runner=profiler)
         report = profiler.report()
         floor_us, floor_engine = _floors(report, spec, problem, dtype, copies)
@@ -160,11 +165,12 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def make_backend(name: str, target: str, **options):
-    """The backend ``name`` for ``target``; ``options`` go to the hardware backend
+def make_backend(name: str, target: str, lnc: int = 1, **options):
+    """The backend ``name`` for ``target``: the model backend launches at LNC ``lnc``; the
+    hardware backend at the node's (``launch_lnc``); ``options`` go to the hardware backend
     (``nrtpy_python``, ``compile_jobs``, ``trial_deadline_s``, ...)."""
     if name == "model":
-        return ModelBackend(target)
+        return ModelBackend(target, lnc=lnc)
     if name == "hardware":
         from neuron_kernels.autotune.neff_backend import HardwareBackend
 

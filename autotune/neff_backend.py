@@ -281,6 +281,7 @@ class NeffRunner:
     ) -> None:
         self.backend, self.launches = backend, launches
         self.target = backend.target
+        self.lnc = backend.lnc  # run_kernels plans the split for it and launches kernel[lnc]
         self.trial_dir, self.deadline = trial_dir, deadline
         self.modules, self.code_hash = modules, code_hash
         self.results: list[dict] = []

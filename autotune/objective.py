@@ -43,9 +43,10 @@ class Point:
     shape: str  # as written on the command line, e.g. "4096x4096x4096"
     problem: dict
     dtype: str
+    lnc: int = 1  # the launch's LNC: the kernels split their work over this many cores
 
 
-def make_point(spec, shape: str, dtype: str) -> Point:
+def make_point(spec, shape: str, dtype: str, lnc: int = 1) -> Point:
     """The point for ``shape`` (in the op's shape syntax) as the op itself sees it at call
     time: the problem is ``spec.problem`` of inputs of that shape, so it holds every entry the
     op's lookup keys on (a casting mode, amsgrad, causal) and a tuned config is stored under
@@ -55,15 +56,17 @@ def make_point(spec, shape: str, dtype: str) -> Point:
 
     with torch.device("meta"):
         args = spec.make_inputs(spec.parse_shape(shape), dtype, measure_generator())
-    return Point(shape, spec.problem(*args), dtype)
+    return Point(shape, spec.problem(*args), dtype, lnc)
 
 
 def params_key(params: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
-def gate_reason(spec, config, dtype: str, target: str, problem: dict | None = None) -> str | None:
-    """Why ``config`` is not correct on the interpreter (None when it is).
+def gate_reason(
+    spec, config, dtype: str, target: str, lnc: int = 1, problem: dict | None = None
+) -> str | None:
+    """Why ``config`` is not correct on the interpreter at LNC ``lnc`` (None when it is).
 
     Runs at ``problem`` (default the op's probe) with a fixed seed and compares every output
     with the fp64 reference within ``spec.tolerances[dtype]``.
@@ -78,18 +81,18 @@ def gate_reason(spec, config, dtype: str, target: str, problem: dict | None = No
 
     problem = dict(problem or spec.test_problems["probe"])
     try:
-        spec.check(problem, dtype, config, target)
+        spec.check(problem, dtype, config, target, lnc)
     except LimitError as exc:
         return f"cannot run the gate problem {problem}: {exc}"
     args = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(1234))
     tol = spec.tolerances[dtype]
     try:
         if not getattr(spec, "mutates", ()):
-            out = spec.run_kernels(*args, config=config, runner=InterpreterRunner(target))
+            out = spec.run_kernels(*args, config=config, runner=InterpreterRunner(target, lnc=lnc))
             assert_within_tolerance(out, spec.reference(*args, upcast=True), tol, f"at {problem}")
         else:  # an in-place op: compare every tensor it updates, each side on its own copies
             ran, ref = copy_args(args), copy_args(args, torch.float64)
-            spec.run_kernels(*ran, config=config, runner=InterpreterRunner(target))
+            spec.run_kernels(*ran, config=config, runner=InterpreterRunner(target, lnc=lnc))
             spec.reference(*ref, upcast=True)
             for i, (g, w) in enumerate(zip(spec.mutated_tensors(ran), spec.mutated_tensors(ref))):
                 assert_within_tolerance(g, w, tol, f"at {problem} [updated tensor {i}]")
@@ -133,7 +136,7 @@ class Objective:
         config = self.spec.config.from_dict(params)
         p = self.point
         try:
-            self.spec.check(p.problem, p.dtype, config, self.target)
+            self.spec.check(p.problem, p.dtype, config, self.target, p.lnc)
         except LimitError as exc:
             trial.set_user_attr("pruned", str(exc))
             raise optuna.TrialPruned(str(exc)) from None
@@ -146,7 +149,7 @@ class Objective:
             return float(earlier.value)
         key = params_key(params)
         if key not in self._gate_verdicts:
-            self._gate_verdicts[key] = self.gate(self.spec, config, p.dtype, self.target)
+            self._gate_verdicts[key] = self.gate(self.spec, config, p.dtype, self.target, lnc=p.lnc)
         reason = self._gate_verdicts[key]
         if reason is not None:
             trial.set_user_attr("failed", reason)

@@ -11,6 +11,7 @@ File format (version 1)::
         {
           "shape_bucket": "m1024_n1024_k1024",    # OpSpec.shape_bucket(problem)
           "dtype": "bfloat16",                     # NKI dtype name
+          "lnc": 2,                                # launch LNC (kernel[lnc]); absent: 1
           "kernel_hash": "sha256:...",             # kernel_hash(spec): what decides its instructions
           "model_version": "1",                    # cost model version (modeled) or null (hardware)
           "source": "modeled",                     # "modeled" (cost model) | "hardware" (Trn run)
@@ -37,8 +38,9 @@ Where results live (two layers, searched at every lookup):
 Precedence at lookup: a hardware entry beats a modeled one; within each kind, the user's
 entry beats the shipped one (:data:`LAYERS`).
 
-An entry applies only when every key matches: op, target, shape bucket, dtype, kernel
-hash, and for a modeled entry the cost-model version (``COST_MODEL_VERSION``) that ranked
+An entry applies only when every key matches: op, target, shape bucket, dtype, launch
+LNC (the physical cores the kernel splits its work over; an entry without ``lnc`` was
+tuned at LNC=1, before kernels split), kernel hash, and for a modeled entry the cost-model version (``COST_MODEL_VERSION``) that ranked
 it. Every field is checked by type before use. A corrupt file, an entry of the wrong
 type, or one tuned for another kernel or cost model falls back to the op's default config
 with one warning; a plain miss falls back silently (logged once).
@@ -75,6 +77,7 @@ __all__ = [
     "ConfigChoice",
     "Merge",
     "entry_key",
+    "entry_lnc",
     "merge_entry",
     "perf_results_dir",
     "shipped_dir",
@@ -94,7 +97,7 @@ PERF_RESULTS_ENV = "NEURON_KERNELS_PERF_RESULTS"
 # What one entry is tuned for, besides op and target (the file): a call looks up the entry
 # whose fields equal its own. A new key field (e.g. the LNC) is one more name here and one
 # more item in :func:`call_key`.
-KEY_FIELDS = ("shape_bucket", "dtype")
+KEY_FIELDS = ("shape_bucket", "dtype", "lnc")
 # Where the entries come from, in precedence order within one source (user before shipped).
 LAYERS = ("user", "shipped")
 
@@ -153,14 +156,20 @@ def results_path(op: str, target: str, root: Path | None = None) -> Path:
     return (root or perf_results_dir()) / target / f"{op}.json"
 
 
+def entry_lnc(entry: dict) -> int:
+    """The LNC an entry was tuned at: its ``lnc``, or 1 for an entry written before the
+    kernels split their work over the cores of a logical NeuronCore."""
+    return entry.get("lnc", 1)
+
+
 def entry_key(entry: dict) -> tuple:
     """The fields of ``entry`` that say which calls it serves (:data:`KEY_FIELDS`)."""
-    return tuple(entry[k] for k in KEY_FIELDS)
+    return tuple(entry_lnc(entry) if k == "lnc" else entry[k] for k in KEY_FIELDS)
 
 
-def call_key(spec, problem: dict, dtype: str) -> tuple:
-    """The key a call with this problem and dtype looks up, in :data:`KEY_FIELDS` order."""
-    return (spec.shape_bucket(problem), dtype)
+def call_key(spec, problem: dict, dtype: str, lnc: int = 1) -> tuple:
+    """The key a call with this problem, dtype and launch LNC looks up (:data:`KEY_FIELDS`)."""
+    return (spec.shape_bucket(problem), dtype, lnc)
 
 
 HASHED_PACKAGES = ("neuron_kernels.kernels", "neuron_kernels.hardware")
@@ -220,6 +229,8 @@ def _check_entry(i: int, e: Any) -> None:
         if key in e and (not isinstance(e[key], types) or isinstance(e[key], bool)):
             names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
             raise ValueError(f"entry {i} {key!r} must be {names}, got {e[key]!r}")
+    if entry_lnc(e) < 1:
+        raise ValueError(f"entry {i} 'lnc' must be >= 1, got {e['lnc']!r}")
     if e["source"] not in SOURCES:
         raise ValueError(f"entry {i} 'source' must be one of {SOURCES}, got {e['source']!r}")
     if e["source"] == "modeled" and not isinstance(e.get("model_version"), str):
@@ -287,8 +298,10 @@ def _fresh_entries(spec, path: Path, key: tuple, target: str, current: str) -> l
     return fresh_model
 
 
-def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = None) -> ConfigChoice:
-    """The tuned config for (op, key, target), else the default.
+def lookup(
+    spec, problem: dict, dtype: str, target: str, root: Path | None = None, lnc: int = 1
+) -> ConfigChoice:
+    """The tuned config for (op, key, target) at launch LNC ``lnc``, else the default.
 
     Reads the user's folder and the shipped one (only ``root`` when given) and takes the
     first usable entry in precedence order: hardware before modeled, and within each, the
@@ -296,7 +309,7 @@ def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = Non
     said once and skipped."""
     default = ConfigChoice(spec.config.default(), "default")
     roots = [("user", root)] if root is not None else layer_roots()
-    key = call_key(spec, problem, dtype)
+    key = call_key(spec, problem, dtype, lnc)
     current = kernel_hash(spec)
     candidates = []
     for rank, (layer, folder) in enumerate(roots):
@@ -307,7 +320,7 @@ def lookup(spec, problem: dict, dtype: str, target: str, root: Path | None = Non
     for _, _, layer, path, entry in candidates:
         try:
             config = spec.config.from_dict(entry["config"])
-            spec.check(problem, dtype, config, target)
+            spec.check(problem, dtype, config, target, lnc)
         except (LimitError, TypeError) as exc:
             _warn_once(
                 ("invalid", str(path), key, entry["source"]),
@@ -336,7 +349,7 @@ class Merge:
 
     def describe(self, entry: dict) -> str:
         """One sentence for the tuner's output."""
-        label = " ".join(str(entry[k]) for k in MERGE_KEY)
+        label = " ".join(str(v) for v in (*entry_key(entry), entry["source"]))
         return f"{label}: {self.why} ({self.path})"
 
 
@@ -405,7 +418,7 @@ def merge_entry(
         entries = load_entries(path, spec.name, target) if path.exists() else []
 
         def merge_key(e):
-            return tuple(e[k] for k in MERGE_KEY)
+            return (*entry_key(e), e["source"])
 
         key = merge_key(entry)
         previous = next((e for e in entries if merge_key(e) == key), None)

@@ -100,7 +100,8 @@ def make_sampler(name: str, space: dict[str, tuple], seed: int | None, trials: i
 def study_name(spec, point: Point, target: str, backend: str) -> str:
     version = f"model{COST_MODEL_VERSION}" if backend == "model" else "hw"
     digest = results.kernel_hash(spec).removeprefix("sha256:")[:12]
-    return f"{spec.name}/{point.shape}/{point.dtype}/{target}/{backend}/{version}/{digest}"
+    lnc = f"/lnc{point.lnc}" if point.lnc != 1 else ""
+    return f"{spec.name}/{point.shape}/{point.dtype}{lnc}/{target}/{backend}/{version}/{digest}"
 
 
 def _shape_distance(a: str, b: str) -> float:
@@ -118,7 +119,7 @@ def warm_start_configs(
     spec, point: Point, target: str, limit: int, root: Path | None = None
 ) -> list[tuple[dict, str]]:
     """Up to ``limit`` distinct configs from the op's ``perf_results`` entries (same target
-    and dtype), nearest shape first, each as ``(config, the shape it was tuned at)``.
+    and dtype), nearest shape first (at the point's LNC before another LNC's), each as ``(config, the shape it was tuned at)``.
 
     Entries of another kernel hash count too (after a kernel change the old winners are
     still the best first guesses), but the default config and any config the op's ``check``
@@ -141,7 +142,8 @@ def warm_start_configs(
     def rank(e: dict) -> tuple:
         same = e["shape_bucket"] == here
         distance = 0.0 if same else _shape_distance(point.shape, e.get("shape", ""))
-        return (not same, distance, e["kernel_hash"] != current, e.get("shape", ""))
+        other_lnc = results.entry_lnc(e) != point.lnc
+        return (not same, distance, other_lnc, e["kernel_hash"] != current, e.get("shape", ""))
 
     seen = {params_key(spec.config.default().to_dict())}
     out: list[tuple[dict, str]] = []
@@ -155,7 +157,7 @@ def warm_start_configs(
             continue
         seen.add(key)
         try:
-            spec.check(point.problem, point.dtype, config, target)
+            spec.check(point.problem, point.dtype, config, target, point.lnc)
         except LimitError:
             continue  # it cannot run at this point
         out.append((config.to_dict(), e.get("shape", e["shape_bucket"])))
@@ -306,7 +308,10 @@ def _optimize(
     budget = _Budget(trials, math.prod(len(c) for c in space.values()))
     if budget.done(study):
         return
-    backend = make_backend(backend_name, target) if isinstance(backend_name, str) else backend_name
+    if isinstance(backend_name, str):
+        backend = make_backend(backend_name, target, point.lnc)
+    else:
+        backend = backend_name
     objective = Objective(spec, point, target, backend, gate=gate)
     study.optimize(
         objective,
@@ -476,6 +481,7 @@ def _entry(spec, r: PointResult, backend: str) -> dict:
     entry = {
         "shape_bucket": spec.shape_bucket(r.point.problem),
         "dtype": r.point.dtype,
+        "lnc": r.point.lnc,
         "shape": r.point.shape,
         "kernel_hash": results.kernel_hash(spec),
         "model_version": COST_MODEL_VERSION if r.source == "modeled" else None,

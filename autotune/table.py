@@ -1,6 +1,7 @@
 """The generated table of shipped configs: ``perf_results/<target>/README.md``.
 
-One row per entry of every ``<op>.json`` in the folder: op, shape, dtype, default and tuned
+One row per entry of every ``<op>.json`` in the folder: op, shape, dtype, launch LNC (an
+entry without one was tuned at LNC=1), default and tuned
 latency (labelled by their source: modeled or hardware), speedup, and the tuned latency as a
 fraction of the floor (the larger of the TensorE floor and the DMA floor, whichever binds;
 see :class:`neuron_kernels.autotune.backends.Measurement`). Regenerate with
@@ -28,6 +29,8 @@ def _rows(folder: Path, target: str) -> list[dict]:
 
 
 def render_table(folder: Path, target: str) -> str:
+    from neuron_kernels.autotune import results
+
     rows = _rows(folder, target)
     lines = [
         f"# Tuned configs for {target}",
@@ -37,29 +40,32 @@ def render_table(folder: Path, target: str) -> str:
         "neuron-kernels cost model, not a measurement) or **hardware** (a Trn run). The floor "
         "is the larger of the TensorE floor (the op's matmul FLOPs at BF16 peak) and the DMA "
         "floor (inputs read once, outputs and in-place updates written once, at the core's DMA "
-        "rate); both are modeled.",
+        "rate); both are modeled. `lnc` is the launch's logical NeuronCore size (the kernel "
+        "runs as `kernel[lnc]`, its work split over that many physical cores); part of the "
+        "entry's key.",
         "",
-        "| op | shape | dtype | source | default (us) | tuned (us) | speedup | floor (us) | "
+        "| op | shape | dtype | lnc | source | default (us) | tuned (us) | speedup | floor (us) | "
         "tuned / floor | binds | trials | config |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|---|",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for r in rows:
         best, default = r.get("m_latency_us"), r.get("m_default_latency_us")
         floor = r.get("m_floor_us")
         speedup = f"{default / best:.2f}x" if best and default else "-"
         frac = f"{100 * floor / best:.1f}%" if best and floor else "-"
+        lnc = results.entry_lnc(r)
         lines.append(
-            f"| {r['op']} | {r.get('shape', r['shape_bucket'])} | {r['dtype']} | {r['source']} | "
+            f"| {r['op']} | {r.get('shape', r['shape_bucket'])} | {r['dtype']} | {lnc} | {r['source']} | "
             f"{default:,.1f} | {best:,.1f} | {speedup} | {floor:,.1f} | {frac} | "
             f"{r.get('m_floor_engine', '-')} | {r.get('trials', '-')} | "
             f"`{json.dumps(r['config'], separators=(',', ':'))}` |"
             if default is not None and floor is not None
-            else f"| {r['op']} | {r.get('shape', r['shape_bucket'])} | {r['dtype']} | "
+            else f"| {r['op']} | {r.get('shape', r['shape_bucket'])} | {r['dtype']} | {lnc} | "
             f"{r['source']} | - | {best:,.1f} | - | - | - | - | {r.get('trials', '-')} | "
             f"`{json.dumps(r['config'], separators=(',', ':'))}` |"
         )
     if not rows:
-        lines.append("| (no tuned entries yet) | | | | | | | | | | | |")
+        lines.append("| (no tuned entries yet) | | | | | | | | | | | | |")
     return "\n".join(lines) + "\n"
 
 

@@ -21,6 +21,7 @@ import time
 import torch
 
 from neuron_kernels.cost_model.profiler import Profiler, dma_floor_ns
+from neuron_kernels.hardware import launch_lnc
 from neuron_kernels.kernels import adamw
 
 LLAMA3_8B_LAYER = {
@@ -53,15 +54,18 @@ def _inputs(shapes, dtype, amsgrad, rounding=False):
     )  # fmt: skip
 
 
-def measure(config, shapes, dtype="float32", amsgrad=False, target="trn2", rounding=False) -> dict:
+def measure(
+    config, shapes, dtype="float32", amsgrad=False, target="trn2", rounding=False, lnc=1
+) -> dict:
     """Modeled latency, floor, binding engine and instruction counts of one step."""
     profiler = Profiler(target=target, compute=False)
+    profiler.lnc = lnc  # the LNC the op's run_kernels launches at (spec.runner_lnc)
     args = _inputs(shapes, dtype, amsgrad, rounding)
     adamw.SPEC.run_kernels(*args, config=config, runner=profiler)
     report = profiler.report()
     n = sum(p.numel() for p in args[0])
     per_element = BYTES_PER_ELEMENT[dtype] + (8 if amsgrad else 0)
-    floor_ns = dma_floor_ns(report.params, per_element * n)
+    floor_ns = dma_floor_ns(report.params, per_element * n, report.lnc)
     by_engine, _ = report.counts()
     busy = report.busy_ns()
     critical, _ = report.critical()
@@ -105,7 +109,14 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--all-configs", action="store_true", help="every valid config")
     parser.add_argument("--layers", type=int, default=1, help="decoder layers' worth of tensors")
+    parser.add_argument(
+        "--lnc",
+        type=int,
+        default=None,
+        help="launch LNC (default: NEURON_LOGICAL_NC_CONFIG, else the target's: trn2 2)",
+    )
     args = parser.parse_args(argv)
+    lnc = args.lnc if args.lnc is not None else launch_lnc(args.target)
 
     shapes = list(LLAMA3_8B_LAYER.values()) * args.layers
     configs = [adamw.AdamwConfig.default()]
@@ -114,7 +125,7 @@ def main(argv=None) -> int:
     n = sum(torch.Size(s).numel() for s in shapes)
     print(
         f"fused AdamW, one step of {n:,} {args.dtype} params (Llama-3-8B layer mix), "
-        f"target {args.target}, amsgrad {args.amsgrad}, stochastic rounding "
+        f"target {args.target} at LNC={lnc} (per logical core), amsgrad {args.amsgrad}, stochastic rounding "
         f"{args.stochastic_rounding}; all numbers modeled (cost model)"
     )
     print("  tile  per  engines        latency        floor          fraction")
@@ -123,10 +134,12 @@ def main(argv=None) -> int:
         problem = {"tensors": len(shapes), "numel": max(torch.Size(s).numel() for s in shapes)}
         problem["amsgrad"] = args.amsgrad
         problem["rounding"] = args.stochastic_rounding
-        if not adamw.SPEC.is_valid(problem, args.dtype, config, args.target):
+        if not adamw.SPEC.is_valid(problem, args.dtype, config, args.target, lnc):
             continue
         t0 = time.perf_counter()
-        r = measure(config, shapes, args.dtype, args.amsgrad, args.target, args.stochastic_rounding)
+        r = measure(
+            config, shapes, args.dtype, args.amsgrad, args.target, args.stochastic_rounding, lnc
+        )
         print(_line(config, r) + f"  ({time.perf_counter() - t0:.0f} s to model)")
         if best is None or r["latency_ns"] < best[1]["latency_ns"]:
             best = (config, r)

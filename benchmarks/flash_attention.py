@@ -11,6 +11,9 @@ the core, so one KV group (Hkv=1 with its H/Hkv query heads: the full GQA reuse 
 is traced and its modeled latency is multiplied by the number of groups (B * Hkv). This
 drops only the overlap between one group's tail and the next group's head, so the full
 shape's latency is slightly overestimated and its utilization slightly underestimated.
+At LNC=k (``--lnc``, default the target's launch LNC) k groups are traced, one per core of
+the ``kernel[k]`` launch, and the rounds of k groups are multiplied up; utilization is
+then per logical core (its k TensorEs' peak).
 Utilization is useful matmul FLOPs (QK^T and P V; dS, dQ, dK, dV, and the recomputed
 QK^T and P in backward) over the BF16 TensorE peak times the latency; TensorE transposes
 are not counted as useful.
@@ -24,6 +27,7 @@ import time
 import torch
 
 from neuron_kernels.cost_model.profiler import Profiler
+from neuron_kernels.hardware import launch_lnc
 from neuron_kernels.kernels import REGISTRY
 
 FWD, BWD = "flash_attention_fwd", "flash_attention_bwd"
@@ -44,9 +48,10 @@ def _attention_flops(h, s, d, causal, backward):
     return per_matmul * (5 if backward else 2)
 
 
-def _profile(op, args, **kw):
+def _profile(op, args, lnc=1, **kw):
     spec = REGISTRY[op]
     profiler = Profiler("trn2", compute=False)
+    profiler.lnc = lnc  # the LNC the op's run_kernels launches at (spec.runner_lnc)
     t0 = time.perf_counter()
     outs = spec.run_kernels(*args, config=spec.config.default(), runner=profiler, **kw)
     return profiler.report(), outs, time.perf_counter() - t0
@@ -83,33 +88,47 @@ def main(argv=None) -> None:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--skip-backward", action="store_true")
+    parser.add_argument(
+        "--lnc",
+        type=int,
+        default=None,
+        help="launch LNC (default: NEURON_LOGICAL_NC_CONFIG, else the target's: trn2 2)",
+    )
     args = parser.parse_args(argv)
     b, h, hkv, s, d = args.batch, args.heads, args.kv_heads, args.seq, args.head_dim
     if h % hkv:
         parser.error(f"--heads must be a multiple of --kv-heads, got {h} and {hkv}")
+    lnc = args.lnc if args.lnc is not None else launch_lnc("trn2")
+    groups = b * hkv
+    if groups % lnc:
+        parser.error(f"--batch x --kv-heads must be a multiple of the LNC ({lnc}), got {groups}")
     group = h // hkv
-    scale = b * hkv  # traced: one (batch, KV head) group
+    # Traced: one (batch, KV head) group per core, every core's share on the two-core
+    # schedule (kernel[lnc]); the launch is that many rounds of such groups.
+    scale = groups // lnc
     print(
-        f"flash attention, trn2, bf16, B={b} H={h} Hkv={hkv} Sq=Sk={s} D={d} (modeled; "
-        f"one KV group of {group} query heads traced, latency x{scale})"
+        f"flash attention, trn2 at LNC={lnc} (per logical core), bf16, B={b} H={h} Hkv={hkv} "
+        f"Sq=Sk={s} D={d} (modeled; {lnc} KV group(s) of {group} query heads traced, one per "
+        f"core, latency x{scale})"
     )
-    q, k, v = _inputs(1, group, 1, s, d)
+    traced_heads = group * lnc  # query heads in the trace: useful FLOPs are counted on them
+    q, k, v = _inputs(1, traced_heads, lnc, s, d)
     for causal in (False, True):
         print(f"causal={causal}")
-        fwd, (out, lse), wall_f = _profile(FWD, (q, k, v, causal, None))
+        fwd, (out, lse), wall_f = _profile(FWD, (q, k, v, causal, None), lnc)
         peak = fwd.peak_flops_per_s
         lat_f, util_f = _describe(
-            "forward", fwd, scale, _attention_flops(group, s, d, causal, False), peak
+            "forward", fwd, scale, _attention_flops(traced_heads, s, d, causal, False), peak
         )
         if args.skip_backward:
             continue
         dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
-        bwd, _, wall_b = _profile(BWD, (dout, q, k, v, out, lse, causal, None))
+        bwd, _, wall_b = _profile(BWD, (dout, q, k, v, out, lse, causal, None), lnc)
         lat_b, _ = _describe(
-            "backward", bwd, scale, _attention_flops(group, s, d, causal, True), peak
+            "backward", bwd, scale, _attention_flops(traced_heads, s, d, causal, True), peak
         )
-        total_flops = _attention_flops(group, s, d, causal, False) + _attention_flops(
-            group, s, d, causal, True
+        total_flops = _attention_flops(traced_heads, s, d, causal, False) + _attention_flops(
+            traced_heads, s, d, causal, True
         )
         util_fb = total_flops * scale / (peak * (lat_f + lat_b) * 1e-9)
         print(

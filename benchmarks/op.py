@@ -23,6 +23,7 @@ import sys
 from neuron_kernels.autotune import results
 from neuron_kernels.autotune.backends import ModelBackend
 from neuron_kernels.autotune.shapes import points_for
+from neuron_kernels.hardware import launch_lnc
 from neuron_kernels.kernels.spec import dtype_name, get_spec
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -55,6 +56,12 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="trn2")
     parser.add_argument("--config", default=None, help="JSON of a config to run beside")
     parser.add_argument("--readme-row", action="store_true", help="print the README row only")
+    parser.add_argument(
+        "--lnc",
+        type=int,
+        default=None,
+        help="launch LNC (default: NEURON_LOGICAL_NC_CONFIG, else the target's: trn2 2)",
+    )
     args = parser.parse_args(argv)
     spec = get_spec(args.op)
     if args.readme_row:
@@ -64,8 +71,12 @@ def main(argv=None) -> int:
     points = [(s, spec.parse_shape(s), dtype) for s in args.shape] or [
         (p.shape, p.problem, p.dtype) for p in points_for(spec)
     ]
-    backend = ModelBackend(args.target)
-    print(f"{spec.name} on {args.target}: MODELED (cost model, trace-only), not measured")
+    lnc = args.lnc if args.lnc is not None else launch_lnc(args.target)
+    backend = ModelBackend(args.target, lnc=lnc)
+    print(
+        f"{spec.name} on {args.target} at LNC={lnc}: MODELED (cost model, trace-only), not "
+        f"measured; per logical core of {lnc} physical core(s)"
+    )
     print(
         f"{'shape':<22}{'dtype':<10}{'config':<9}{'latency':>12}{'floor':>12}"
         f"{'of floor':>10}  binds (floor)"
@@ -73,7 +84,7 @@ def main(argv=None) -> int:
     for shape, problem, dt in points:
         dt = dtype_name(DTYPE_ALIASES.get(dt, dt))
         rows = [("default", spec.config.default())]
-        tuned = results.lookup(spec, problem, dt, args.target)
+        tuned = results.lookup(spec, problem, dt, args.target, lnc=lnc)
         if tuned.source != "default":
             rows.append((tuned.source, tuned.config))
         if args.config:

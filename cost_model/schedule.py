@@ -68,6 +68,13 @@ MODEL_VERSION = COST_MODEL_VERSION
 COST_RULES = {
     **dict.fromkeys(("dma_copy", "dma_transpose"), "DMA: bytes over queues and engines"),
     **dict.fromkeys(("nc_matmul", "nc_transpose"), "TensorE: _tensor_cost"),
+    # MX: the nc_matmul cycle rule with K = 4 x partitions, so 4x the bf16 FLOP rate
+    # (aws-neuron-sdk nki/deep-dives/mxfp-matmul.rst: "4x throughput compared to BF16/FP16").
+    "nc_matmul_mx": "TensorE: _tensor_cost, contraction 4x the partitions",
+    # VectorE, one pass over the src free size: the deep dive's "Matmul-MX produces data at
+    # double the rate that Quantize-MX can consume it" with TensorE at twice VectorE's clock
+    # puts it at one element per partition per VectorE cycle [estimate].
+    "quantize_mx": "one pass over the src free size (estimate)",
     **dict.fromkeys(
         ("tensor_copy", "tensor_scalar", "iota", "memset", "activation"),
         "free size; 2x/4x DVE perf mode for 2-byte copies and tensor_scalar",
@@ -361,7 +368,9 @@ def _tensor_cost(ins: Instruction, p: CostParams) -> tuple[float, float, float, 
         cycles *= (rows * cols) / (128.0 * 128.0)
     ii = cycles / p.pe_ghz
     raw = 2.0 * k * m * n
-    if dt & _FP32:
+    if a.get("mx"):  # nc_matmul_mx: 4x bf16's rate (deep dives/mxfp-matmul.rst)
+        equiv = raw * 0.25
+    elif dt & _FP32:
         equiv = raw * 4.0
     elif dt <= _FP8 and len(dt) > 0:
         equiv = raw * 0.5

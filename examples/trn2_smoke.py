@@ -1,24 +1,116 @@
 """Smoke checks for a fresh Trn2 node: each check prints one line, PASS or FAIL.
 
-    python examples/trn2_smoke.py --nrtpy-python ~/nrtpy_venv/bin/python
+    python examples/trn2_smoke.py --nrtpy-python ~/nrtpy_venv/bin/python [--dtype bfloat16]
 
-Run it from the NKI environment (on a Neuron DLAMI, its PyTorch venv) with neuron-kernels
-installed; the nrtpy environment is the one of neuron-runtime/nrtpy/nrtpy-getting-started.rst
-(``--nrtpy-python`` or ``NEURON_KERNELS_NRTPY_PYTHON``). Nothing is written into the package:
-studies and tuned configs go to a temporary folder. Exit code 0 when every check passes.
+Run it from the NKI environment (on a Neuron DLAMI, its PyTorch venv, with TorchNeuron:
+torch-neuronx 2.14) with neuron-kernels installed; the nrtpy environment is the one of
+neuron-runtime/nrtpy/nrtpy-getting-started.rst (``--nrtpy-python`` or
+``NEURON_KERNELS_NRTPY_PYTHON``). Nothing is written into the package: studies and tuned
+configs go to a temporary folder. Exit code 0 when every check passes.
 
 Checks:
     hardware tuning: a one-trial hardware study of matmul (compile worker -> NEFF, measure
         worker -> device-side latency on a NeuronCore, correctness gate against the
         reference), whose "hardware" entry the op's config lookup then returns.
+    flash_attention, rms_norm, matmul, FusedAdamW: the op on the ``neuron`` device, eagerly
+        and under ``torch.compile(backend="neuron", fullgraph=True)`` (the optimizer step
+        compiled as a function), against the same computation in plain torch on CPU in
+        float64, held to the op's declared tolerance for the dtype. Without torch-neuronx
+        these run on CPU tensors, the kernels on the NKI interpreter, with ``aot_eager``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import tempfile
 from pathlib import Path
+
+import torch
+
+import neuron_kernels  # noqa: F401  (registers torch.ops.neuron.*)
+from neuron_kernels.hardware import default_target, launch_lnc
+from neuron_kernels.kernels import REGISTRY
+from neuron_kernels.torch_ops import cpu_mode
+from neuron_kernels.torch_ops.optim import FusedAdamW
+
+# Small problems: quick on the interpreter, still several tiles and the GQA/causal paths.
+PROBLEMS = {
+    "flash_attention": {"b": 1, "h": 2, "hkv": 1, "sq": 256, "sk": 256, "d": 64, "causal": True},
+    "rms_norm": {"rows": 256, "h": 512},
+    "matmul": {"m": 256, "k": 512, "n": 512},
+}
+
+
+def _place() -> tuple[str, str]:
+    """``(device, compile backend)``: the neuron device and backend on a TorchNeuron node."""
+    try:
+        importlib.import_module("torch_neuronx")
+    except ImportError:
+        return "cpu", "aot_eager"
+    device_module = getattr(torch, "neuron", None)
+    visible = device_module is not None and device_module.is_available()
+    return ("neuron" if visible else "cpu"), "neuron"
+
+
+def _within(got: torch.Tensor, want: torch.Tensor, tol) -> tuple[bool, str]:
+    """``|got - want| <= atol + rtol * |want|`` everywhere; the worst ratio to the bound."""
+    err = (got.detach().cpu().double() - want.detach().double()).abs()
+    bound = tol.atol + tol.rtol * want.detach().double().abs()
+    ratio = float((err / bound).max()) if err.numel() else 0.0
+    return ratio <= 1.0, f"worst error {ratio:.3f} of the bound (atol {tol.atol}, rtol {tol.rtol})"
+
+
+def _report(name: str, check) -> bool:
+    try:
+        ok, detail = check()
+    except Exception as exc:  # noqa: BLE001  (a smoke test reports every failure, one line each)
+        ok, detail = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    return ok
+
+
+def _op_check(name: str, dtype: str, device: str, fn):
+    spec = REGISTRY[name]
+    args = spec.make_inputs(PROBLEMS[name], dtype, torch.Generator().manual_seed(0))
+    want = spec.reference(*args, upcast=True)
+    on_device = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+
+    def check():
+        return _within(fn(*on_device), want, spec.tolerances[dtype])
+
+    return check
+
+
+def _adamw_check(dtype: str, device: str, step):
+    """Two steps of FusedAdamW on three params against torch.optim.AdamW in float64 on CPU."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(300,), (17, 5), (64, 64)]
+    start = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(2)]
+    hyper = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+    def run(optimizer_cls, params, stepper):
+        opt = optimizer_cls(params, **hyper)
+        for g in grads:
+            for p, gi in zip(params, g):
+                p.grad = gi.to(device=p.device, dtype=p.dtype)
+            stepper(opt)
+        return [p.detach() for p in params]
+
+    def check():
+        ref = run(
+            torch.optim.AdamW, [torch.nn.Parameter(p.double()) for p in start], lambda o: o.step()
+        )
+        params = [torch.nn.Parameter(p.to(getattr(torch, dtype)).to(device)) for p in start]
+        got = run(FusedAdamW, params, step)
+        tol = REGISTRY["fused_adamw_"].tolerances[dtype]
+        results = [_within(g, r, tol) for g, r in zip(got, ref)]
+        worst = max(results, key=lambda r: float(r[1].split()[2]))
+        return all(ok for ok, _ in results), worst[1]
+
+    return check
 
 
 def check_hardware_tuning(nrtpy_python: str | None, shape: str, workdir: Path) -> tuple[bool, str]:
@@ -60,11 +152,46 @@ def check_hardware_tuning(nrtpy_python: str | None, shape: str, workdir: Path) -
     )
 
 
+def _op_checks(dtype: str) -> bool:
+    """Every op eager and compiled against CPU; True when all pass."""
+    device, backend = _place()
+    target = default_target()
+    print(
+        f"ops: torch {torch.__version__}; device {device}; compile backend {backend}; "
+        f"target {target.name}; LNC {launch_lnc(target)}; dtype {dtype}"
+    )
+    ops = {
+        "flash_attention": lambda q, k, v, causal, scale: torch.ops.neuron.flash_attention(
+            q, k, v, causal=causal, softmax_scale=scale
+        ),
+        "rms_norm": lambda x, w, eps, offset, mode: torch.ops.neuron.rms_norm(
+            x, w, eps, offset, mode
+        ),
+        "matmul": lambda a, b: torch.ops.neuron.matmul(a, b),
+    }
+    ok = True
+    # Without a neuron device the kernels run on the interpreter (CPU tensors' "interpret").
+    with cpu_mode("interpret"):
+        for name, fn in ops.items():
+            compiled = torch.compile(fn, backend=backend, fullgraph=True)
+            ok &= _report(f"{name} eager", _op_check(name, dtype, device, fn))
+            ok &= _report(f"{name} compiled", _op_check(name, dtype, device, compiled))
+        ok &= _report("FusedAdamW eager", _adamw_check(dtype, device, lambda o: o.step()))
+        ok &= _report(
+            "FusedAdamW compiled",
+            _adamw_check(dtype, device, lambda o: torch.compile(o.step, backend=backend)()),
+        )
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nrtpy-python", default=None, help="the nrtpy environment's python")
     parser.add_argument(
         "--shape", default="1024x1024x1024", help="matmul MxNxK (default %(default)s)"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16"), help="of the op checks"
     )
     args = parser.parse_args(argv)
     failed = 0
@@ -74,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{'PASS' if ok else 'FAIL'} hardware tuning: matmul {args.shape} bf16, one trial: {detail}"
         )
+    failed += not _op_checks(args.dtype)
     return 1 if failed else 0
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "precise_fp_from_env",
     "storage_dtype",
     "convert",
+    "refuse_packed",
     "sentinel",
 ]
 
@@ -68,9 +69,15 @@ DTYPES: dict[str, DTypeInfo] = {
         _f("float8_e4m3fn", 1, ml_dtypes.float8_e4m3fn),  # OCP fp8, no inf, max 448
         _f("float8_e5m2", 1, ml_dtypes.float8_e5m2),
         _f("float8_e8m0fnu", 1, ml_dtypes.float8_e8m0fnu),
-        DTypeInfo("float8_e5m2_x4", 4, "packed", None),
-        DTypeInfo("float8_e4m3fn_x4", 4, "packed", None),
-        DTypeInfo("float4_e2m1fn_x4", 2, "packed", None),
+        # MX x4 types hold their bits: four fp8 bytes in a uint32, four fp4 nibbles in a
+        # uint16, value q of the four at bits 8q (4q) - aws-neuron-sdk
+        # nki/deep-dives/mxfp-matmul.rst ("32-bits wide", "16-bits wide", four elements) and
+        # src/mxfp-matmul/mx_cpu_utils.py (pack_mx_data_into_x4: a little-endian uint32 view of
+        # four adjacent fp8; fp4 first value in the low nibble). Only the MX instructions,
+        # bit copies and memset(value=0) use them (interpreter/instructions/mx.py).
+        DTypeInfo("float8_e5m2_x4", 4, "packed", np.uint32),
+        DTypeInfo("float8_e4m3fn_x4", 4, "packed", np.uint32),
+        DTypeInfo("float4_e2m1fn_x4", 2, "packed", np.uint16),
     )
 }
 
@@ -164,7 +171,7 @@ def precise_fp_from_env() -> bool:
 def value_range(name: str) -> tuple[float, float] | None:
     """(lowest, highest) finite value ``name`` holds; None for dtypes not simulated."""
     d = DTYPES[name]
-    if d.np_dtype is None:
+    if d.np_dtype is None or d.kind == "packed":
         return None
     if d.kind == "bool":
         return (0, 1)
@@ -187,6 +194,20 @@ def storage_dtype(name: str, precise_fp: bool = True) -> np.dtype:
     if not precise_fp and d.is_float and d.itemsize < 4:
         return np.dtype(np.float32)
     return np.dtype(d.np_dtype)
+
+
+def refuse_packed(name: str, what: str):
+    """Packed x4 values are not numbers an engine converts: refuse ``what`` on them."""
+    from neuron_kernels.interpreter.errors import NkiValidationError
+
+    raise NkiValidationError(
+        "nki",
+        f"{what} of dtype",
+        "must not be a packed x4 MX dtype: only nisa.quantize_mx writes it, nisa.nc_matmul_mx "
+        "reads it, and DMA/same-dtype copies and nisa.memset(value=0) move its bits "
+        "(nki/api/nki/isa/__init__.py quantize_mx, nc_matmul_mx, memset)",
+        name,
+    )
 
 
 def sentinel(name: str):
@@ -219,6 +240,8 @@ def convert(values: np.ndarray, name: str, precise_fp: bool = True) -> np.ndarra
     target = storage_dtype(name, precise_fp)
     values = np.asarray(values)
     src = values.dtype
+    if d.kind == "packed":
+        refuse_packed(name, "a converting write")
     if d.is_float:
         if src == target:
             out = values

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from neuron_kernels.hardware import usable_psum_banks
 from neuron_kernels.interpreter import dtypes
-from neuron_kernels.interpreter.errors import NkiValidationError, not_implemented
+from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.tensor import (
     MemoryRegion,
     NkiTensor,
@@ -43,8 +43,6 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
         buffer = normalize_buffer(buffer, api)
     dtype = dtypes.normalize(dtype, api)
     info = dtypes.DTYPES[dtype]
-    if info.kind == "packed":
-        raise not_implemented(f"nl.{dtype} tensors")
     if _is_int(shape):
         shape = (shape,)
     try:

@@ -339,12 +339,16 @@ class NkiTensor(NKIObject):
 
     def _read_f32(self) -> np.ndarray:
         """A copy of the values as fp32 (zeros when the launch does not compute)."""
+        if dtypes.DTYPES[self.dtype].kind == "packed":
+            dtypes.refuse_packed(self.dtype, "a numeric read")
         if not self._storage.compute:
             return np.zeros(self.shape, dtype=np.float32)
         return self._array().astype(np.float32)
 
     def _view_f32(self) -> np.ndarray:
         """The values as fp32 for reading only: a view when stored as fp32, else a copy."""
+        if dtypes.DTYPES[self.dtype].kind == "packed":
+            dtypes.refuse_packed(self.dtype, "a numeric read")
         if not self._storage.compute:
             return np.zeros(self.shape, dtype=np.float32)
         arr = self._array()
@@ -1171,8 +1175,6 @@ class NkiTensor(NKIObject):
         """Reinterpret the bits as ``dtype``; the last dim scales by the size ratio."""
         api = "NkiTensor.view"
         new = dtypes.normalize(dtype, api)
-        if dtypes.info(new).kind == "packed":
-            raise not_implemented(f"{api} to the packed dtype {new}")
         self._check_reinterpret(api, new)
         old_size, new_size = self.itemsize, dtypes.info(new).itemsize
         if new_size == old_size:

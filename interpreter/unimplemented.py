@@ -18,14 +18,6 @@ _RNG = (
     "Vector lane) but not the order of the state words, how a lane's elements draw from its "
     "stream, nor how random bits become floats; values would not match the device"
 )
-_MX = (
-    "not written yet. The API docs leave the MX scale-tile layout, the order of the four "
-    "values in a packed x4 element and the fp8 rounding open, but AWS's MX deep dive fixes "
-    "them (aws-neuron-sdk nki/deep-dives/mxfp-matmul.rst: scales in the quadrant of their "
-    "8-partition group, first 4 partitions of each; src/mxfp-matmul/mx_cpu_utils.py: four "
-    "adjacent contraction values little-endian in a uint32, OCP saturation then "
-    "round-to-nearest cast), so it can be implemented against that golden model"
-)
 _NL_REMOVED = (
     "an experimental nki.language wrapper the interpreter has not written; kernels write "
     "the nki.isa instructions instead"
@@ -50,11 +42,6 @@ UNIMPLEMENTED: dict[str, str] = {
     "nki.isa.rand_set_state": _RNG,
     "nki.isa.rng": _RNG,
     "nki.isa.set_rng_seed": _RNG,
-    "nki.isa.nc_matmul_mx": _MX,
-    "nki.isa.quantize_mx": _MX,
-    "nki.language.float8_e4m3fn_x4 tensors": _MX,
-    "nki.language.float8_e5m2_x4 tensors": _MX,
-    "nki.language.float4_e2m1fn_x4 tensors": _MX,
     "nki.language.dropout": _RNG,
     "nki.language.rand": _RNG,
     "nki.language.random_seed": _RNG,

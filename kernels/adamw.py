@@ -63,16 +63,18 @@ from neuron_kernels.kernels.spec import (
     TunableConfig,
     dtype_name,
     register,
+    runner_lnc,
     shape_parser,
     tunable,
 )
+from neuron_kernels.kernels.tiling import core_share, tiled
 
 __all__ = [
     "SPEC",
     "AdamwConfig",
     "AdamwPlan",
     "coefficients",
-    "fused_adamw",
+    "fused_adamw_kernel",
     "plan",
     "reference",
     "run_kernels",
@@ -167,7 +169,8 @@ class AdamwPlan(nl.NKIObject):
     partitions: int
     tile_free: int
     n_tensors: int
-    waves: tuple  # ((tensor, offset, rows, cols), ...) per wave
+    lnc: int  # physical cores of the launch (kernel[lnc])
+    core_waves: tuple  # per core, its waves: ((tensor, offset, rows, cols), ...) per wave
     amsgrad: bool
     masked: bool  # found_inf given: the gradient's bits are masked
     rounding: bool  # stochastic rounding of the bf16 param (else round to nearest even)
@@ -211,8 +214,10 @@ def _rounding_allowed(dtype: str, rounding: bool) -> None:
         )  # fmt: skip
 
 
-def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target) -> AdamwPlan:
-    """The tile plan of ``config`` for one launch.
+def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target, lnc: int = 1) -> AdamwPlan:
+    """The tile plan of ``config`` for one launch, the chunks of the flattened tensors
+    split over ``lnc`` cores by element count (every chunk is independent: each core
+    updates its own elements in place, so the cores never touch the same bytes).
 
     ``problem`` gives ``tensors`` and ``numel`` (the largest tensor) and, for a real
     launch, ``sizes`` (each tensor's element count); without ``sizes`` every tensor has
@@ -224,18 +229,25 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target) -> Adam
     amsgrad = bool(problem.get("amsgrad", True))
     work = [(i, *c) for i, n in enumerate(sizes) for c in _chunks(n, pmax, config.tile_free)]
     k = config.in_flight
-    waves = tuple(tuple(work[w : w + k]) for w in range(0, len(work), k))
+    shares = [
+        core_share(work, [rows * cols for _, _, rows, cols in work], c, lnc) for c in range(lnc)
+    ]
+    core_waves = tuple(
+        tuple(tuple(share[w : w + n]) for w, n in tiled(len(share), k)) for share in shares
+    )
+    most = max(len(share) for share in shares)
     cols = min(config.tile_free, max(1, max(sizes) // pmax))
     grad_dtype = problem.get("grad_dtype", dtype)
     chunk = _chunk_bytes(cols, dtype, grad_dtype, amsgrad)
     rounding = bool(problem.get("rounding", False))
     _rounding_allowed(dtype, rounding)
-    in_flight = min(k, len(work)) + (len(work) > k)
+    in_flight = min(k, most) + (most > k)
     return AdamwPlan(
         partitions=pmax,
         tile_free=config.tile_free,
         n_tensors=len(sizes),
-        waves=waves,
+        lnc=lnc,
+        core_waves=core_waves,
         amsgrad=amsgrad,
         masked=bool(problem.get("masked", True)),
         rounding=rounding,
@@ -430,7 +442,7 @@ def _close_chunk(t, plan):
 
 
 @nki.jit
-def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficients, plan):
+def fused_adamw_kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficients, plan):
     """One AdamW step, in place, for tuples of flat HBM tensors.
 
     ``params`` fp32/bf16, ``grads`` the params' dtype (or lower with fp32 params),
@@ -438,9 +450,15 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficie
     amsgrad); ``coefficients`` ``[1, n * 13]`` fp32, tensor ``i``'s columns at ``i * 13``
     (see the column list at the top of the module). Returns nothing: every update is in place.
     The chunks of a wave go through each step of the chain together (see ``in_flight``).
+    Launched as ``fused_adamw_kernel[plan.lnc]``: each physical core updates its own chunks,
+    ``plan.core_waves[nl.program_id(0)]``.
     """
     n = len(params)
     assert n == plan.n_tensors, "adamw: the plan was made for another tensor count"
+    assert nl.num_programs(0) == plan.lnc, "adamw: launch fused_adamw_kernel[plan.lnc]"
+    my_waves = plan.core_waves[nl.program_id(0)]
+    if len(my_waves) == 0:  # fewer chunks than cores: nothing to update on this core
+        return None
     P = plan.partitions
     coef = nl.ndarray((P, n * plan.n_coefficients), dtype=nl.float32, buffer=nl.sbuf, name="coef")
     _load(coef, coefficients.broadcast(0, P), plan)  # one row to every partition
@@ -452,7 +470,7 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficie
         hash_m2 = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf, name="hash_m2")
         nisa.iota(dst=hash_m1, pattern=[[0, 1]], offset=HASH_M1)
         nisa.iota(dst=hash_m2, pattern=[[0, 1]], offset=HASH_M2)
-    for wave in plan.waves:
+    for wave in my_waves:
         tiles = []
         for tensor, offset, rows, cols in wave:
             tiles.append(_open_chunk(hbm, coef, tensor, offset, rows, cols, plan))
@@ -780,9 +798,9 @@ def run_kernels(
             "rounding": stochastic_rounding_seed is not None,
             "grad_dtype": dtype_name(grads[ids[0]]),
         }
-        tiles = SPEC.check(launch, dtype, config, runner.target)
+        tiles = SPEC.check(launch, dtype, config, runner.target, runner_lnc(runner))
         coef = table[start : start + len(ids)].reshape(1, len(ids) * N_COEFFICIENTS).contiguous()
-        runner(fused_adamw, *(tuple(f) for f in flat), vmax, coef, tiles)
+        runner(fused_adamw_kernel[tiles.lnc], *(tuple(f) for f in flat), vmax, coef, tiles)
     return None
 
 
@@ -893,7 +911,7 @@ SPEC = register(
         # "TENSORSxNUMEL[:amsgrad]": torch.optim.AdamW's default (amsgrad=False) unless named
         parse_shape=shape_parser(OP, ("tensors", "numel"), ("amsgrad",)),
         output_shapes=lambda *args: [],
-        kernels=(fused_adamw,),
+        kernels=(fused_adamw_kernel,),
         mutates=("params", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"),
         bad_inputs=_bad_inputs,
         budget_hints={"sbuf": "lower tile_free (or use fewer working tiles: engines)"},

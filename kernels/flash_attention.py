@@ -34,8 +34,10 @@ from neuron_kernels.kernels.spec import (
     ceil_div,
     dtype_name,
     register,
+    runner_lnc,
     tunable,
 )
+from neuron_kernels.kernels.tiling import split_work, tiled
 
 __all__ = [
     "FWD_SPEC",
@@ -46,7 +48,7 @@ __all__ = [
     "FlashAttentionPlan",
     "attention_reference",
     "causal_visible",
-    "forward",
+    "flash_attention_fwd_kernel",
     "plan",
     "resolve_scale",
     "validate_attention",
@@ -278,12 +280,50 @@ class FlashAttentionPlan(nl.NKIObject):
     q_group: int  # query tiles in lockstep
     pe_transpose_keeps_dtype: bool  # TensorE transposes keep the dtype in PSUM (v3+)
     vector_transpose: int  # VectorE transpose block edge (32)
+    lnc: int  # physical cores of the launch (kernel[lnc])
+    core_groups: tuple  # per core, its work: ((b, kv head, ((head, q0), ...)), ...)
     sbuf_bytes: int
     psum_banks: int
 
 
-def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target):
-    """The tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``.
+def split_groups(b, hkv, group, tiles, costs, lnc):
+    """Each core's ``((b, kv head, tiles), ...)``: whole (batch, KV head) groups round
+    robin while every core gets one; the groups left over (fewer than the cores) split by
+    their query tiles, balancing ``costs`` (a tile's visible keys: under causal masking
+    the later tiles see more), so each core's share of those groups is a subset of their
+    ``tiles`` (``(head within the group, q0)`` pairs, in order). At LNC=1 every group is
+    whole and in the order of the LNC=1 loop."""
+    groups = [(bb, kvh) for bb in range(b) for kvh in range(hkv)]
+    whole = len(groups) - len(groups) % lnc
+    shares = [[] for _ in range(lnc)]
+    for i in range(whole):
+        bb, kvh = groups[i]
+        shares[i % lnc].append((bb, kvh, tuple((kvh * group + g, q0) for g, q0 in tiles)))
+    for bb, kvh in groups[whole:]:
+        split = split_work(costs, lnc)
+        for c in range(lnc):
+            mine = tuple((kvh * group + tiles[i][0], tiles[i][1]) for i in split[c])
+            if mine:
+                shares[c].append((bb, kvh, mine))
+    return tuple(tuple(share) for share in shares)
+
+
+def query_tiles(group: int, sq: int, sk: int, q_tile: int, causal: bool):
+    """A group's query tiles ``(head within the group, q0)`` in the kernel's order, and
+    each one's cost: the keys it sees (all of Sk, or up to the causal diagonal, aligned
+    bottom-right) plus one tile of fixed work (its load, close and store)."""
+    tiles, costs = [], []
+    for g in range(group):
+        for q0, qs in tiled(sq, q_tile):
+            tiles.append((g, q0))
+            k_end = min(sk, q0 + qs + sk - sq) if causal else sk
+            costs.append(max(0, k_end) + q_tile)
+    return tiles, costs
+
+
+def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target, lnc: int = 1):
+    """The tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``, the work
+    split over ``lnc`` cores (:func:`split_groups`).
 
     Raises:
         LimitError: a DMA transpose on a target or dtype that has none, a k_tile wider than
@@ -294,20 +334,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     causal = bool(problem.get("causal", False))
     scale = resolve_scale(problem.get("scale"), d)
     if config.load_transpose == "dma":
-        if not target.has_dma_transpose:
-            raise LimitError(
-                OP,
-                "config load_transpose",
-                f"must not be 'dma' on {target.name} (DMA transpose needs trn2+)",
-                "dma",
-            )
-        if ITEMSIZE[dtype] != 2:
-            raise LimitError(
-                OP,
-                "config load_transpose",
-                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
-                f"dma with {dtype}",
-            )
+        target.check_dma_transpose(OP, "config load_transpose", dtype, ITEMSIZE[dtype])
     if config.k_tile > target.psum_bank_fmax or config.k_tile > target.gemm_moving_fmax:
         raise LimitError(
             OP,
@@ -361,6 +388,10 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         q_group=config.q_group,
         pe_transpose_keeps_dtype=target.has_transpose_mode,
         vector_transpose=target.vector_transpose_max,
+        lnc=lnc,
+        core_groups=split_groups(
+            b, hkv, h // hkv, *query_tiles(h // hkv, sq, sk, q_tile, causal), lnc
+        ),
         sbuf_bytes=sbuf,
         psum_banks=banks,
     )
@@ -373,14 +404,11 @@ def _load_transposed(src, dst, rows, plan):
     """Fill ``dst[d, t, r]`` (D on partitions, D tile ``t``) with ``src[r, t * d_tile + d]``
     for a ``[rows, D]`` HBM view ``src``, in chunks of ``d_tile`` rows."""
     dt, d = plan.d_tile, plan.d
-    for r0 in range(0, rows, dt):
-        rs = min(dt, rows - r0)
+    for r0, rs in tiled(rows, dt):
         if plan.load_transpose == "pe":
             staged = nl.ndarray((rs, d), dtype=src.dtype, buffer=nl.sbuf, name="rows")
             nisa.dma_copy(dst=staged, src=src[r0 : r0 + rs, 0:d])
-        for t in range(plan.d_tiles):
-            d0 = t * dt
-            ds = min(dt, d - d0)
+        for t, (d0, ds) in enumerate(tiled(d, dt)):
             if plan.load_transpose == "pe":
                 psum_dtype = src.dtype if plan.pe_transpose_keeps_dtype else nl.float32
                 tp = nl.ndarray((ds, rs), dtype=psum_dtype, buffer=nl.psum, name="rows_t")
@@ -402,11 +430,10 @@ def _load_kv_block(k, v, b, kvh, r0, rows, plan):
     dt, d = plan.d_tile, plan.d
     kt = nl.ndarray((min(dt, d), plan.d_tiles, rows), dtype=k.dtype, buffer=nl.sbuf, name="k_t")
     _load_transposed(k[b, kvh, r0 : r0 + rows, 0:d], kt, rows, plan)
-    chunks = (rows + dt - 1) // dt
-    vb = nl.ndarray((min(dt, rows), chunks, d), dtype=v.dtype, buffer=nl.sbuf, name="v_blk")
-    for c in range(chunks):
-        cs = min(dt, rows - c * dt)
-        nisa.dma_copy(dst=vb[0:cs, c, 0:d], src=v[b, kvh, r0 + c * dt : r0 + c * dt + cs, 0:d])
+    chunks = tiled(rows, dt)
+    vb = nl.ndarray((min(dt, rows), len(chunks), d), dtype=v.dtype, buffer=nl.sbuf, name="v_blk")
+    for c, (c0, cs) in enumerate(chunks):
+        nisa.dma_copy(dst=vb[0:cs, c, 0:d], src=v[b, kvh, r0 + c0 : r0 + c0 + cs, 0:d])
     return kt, vb
 
 
@@ -422,16 +449,12 @@ def _transpose_p(p_sb, qs, ks, plan):
     else:
         p_t = nl.ndarray((rows, chunks, qs), dtype=p_sb.dtype, buffer=nl.sbuf, name="p_t")
     e = plan.vector_transpose
-    for c in range(chunks):
-        c0 = c * dt
-        cs = min(dt, ks - c0)
+    for c, (c0, cs) in enumerate(tiled(ks, dt)):
         if plan.p_transpose == "pe":
             nisa.nc_transpose(dst=p_t[0:cs, c, 0:qs], data=p_sb[0:qs, c0 : c0 + cs])
             continue
-        for i0 in range(0, qs, e):
-            i_s = min(e, qs - i0)
-            for j0 in range(0, cs, e):
-                js = min(e, cs - j0)
+        for i0, i_s in tiled(qs, e):
+            for j0, js in tiled(cs, e):
                 nisa.nc_transpose(
                     dst=p_t[j0 : j0 + js, c, i0 : i0 + i_s],
                     data=p_sb[i0 : i0 + i_s, c0 + j0 : c0 + j0 + js],
@@ -472,8 +495,7 @@ def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
     scale * S (else the min, for a negative scale)). Tiles crossing the causal diagonal are
     scaled into SBUF and masked there (GpSimd cannot read PSUM)."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
-    for t in range(plan.d_tiles):
-        ds = min(plan.d_tile, plan.d - t * plan.d_tile)
+    for t, (_, ds) in enumerate(tiled(plan.d, plan.d_tile)):
         nisa.nc_matmul(
             dst=s_ps,
             stationary=q_t[0:ds, t, 0:qs],
@@ -614,12 +636,11 @@ def _multiply_v(r, vb, q_dtype, plan):
     qs, d, ks, kk0 = r["s"]["qs"], plan.d, r["ks"], r["kk0"]
     p_t = _evacuate_p(r["p_t"], qs, ks, q_dtype, plan)
     o_ps = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.psum, name="o_psum")
-    for c in range((ks + plan.d_tile - 1) // plan.d_tile):
-        cs = min(plan.d_tile, ks - c * plan.d_tile)
+    for c, (c0, cs) in enumerate(tiled(ks, plan.d_tile)):
         nisa.nc_matmul(
             dst=o_ps,
             stationary=p_t[0:cs, c, 0:qs],
-            moving=vb[0:cs, (kk0 + c * plan.d_tile) // plan.d_tile, 0:d],
+            moving=vb[0:cs, (kk0 + c0) // plan.d_tile, 0:d],
             accumulate=c > 0,
         )
     r["o_ps"] = o_ps
@@ -675,6 +696,30 @@ def _close_query_tile(s, out, lse, b, plan):
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
+def _key_tiles(states, plan):
+    """``(r0, rows, kk0)`` for each key tile some query tile in ``states`` sees: the K/V
+    block's first key and row count, and the tile's offset in the block (``kk0 == 0``
+    starts a block, where a streamed block is loaded)."""
+    k_end = 0
+    for s in states:
+        k_end = max(k_end, s["k_end"])
+    out = []
+    for r0, rows in tiled(plan.sk, plan.kv_block):
+        if r0 >= k_end:
+            break
+        for kk0, _ in tiled(min(rows, k_end - r0), plan.k_tile):
+            out.append((r0, rows, kk0))
+    return out
+
+
+def _drain(pending, out, lse, b, q_dtype, plan):
+    """The second half of a pending key tile, then the close of the query tiles it ends."""
+    work, vb, finished = pending
+    _back(work, vb, q_dtype, plan)
+    for s in finished or ():
+        _close_query_tile(s, out, lse, b, plan)
+
+
 def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
     """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
     ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
@@ -687,63 +732,50 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
         for h, q0 in tiles[t0 : t0 + plan.q_group]:
             states.append(_open_query_tile(q, b, h, q0, plan))
         last = None
-        # Each key tile some query tile of the group sees; streamed K/V blocks load as
-        # the loop reaches them.
-        k_end = states[0]["k_end"]
-        for s in states:
-            k_end = max(k_end, s["k_end"])
-        for blk in range((k_end + plan.kv_block - 1) // plan.kv_block if k_end > 0 else 0):
-            r0 = blk * plan.kv_block
-            rows = min(plan.kv_block, plan.sk - r0)
-            kt, vb = kv if kv is not None else _load_kv_block(k, v, b, kvh, r0, rows, plan)
-            for kk0 in range(0, min(rows, k_end - r0), plan.k_tile):
-                work = _front(states, kt, r0, kk0, plan)
-                if pending is not None:
-                    _drain(pending, q.dtype, out, lse, b, plan)
-                pending = (work, vb, None)
-                last = pending
+        kt = vb = None
+        if kv is not None:
+            kt, vb = kv
+        for r0, rows, kk0 in _key_tiles(states, plan):
+            if kv is None and kk0 == 0:  # a streamed K/V block loads as the walk reaches it
+                kt, vb = _load_kv_block(k, v, b, kvh, r0, rows, plan)
+            work = _front(states, kt, r0, kk0, plan)
+            if pending is not None:
+                _drain(pending, out, lse, b, q.dtype, plan)
+            pending = (work, vb, None)
+            last = pending
         if last is None:  # no key is visible to any tile of the group
             for s in states:
                 _close_query_tile(s, out, lse, b, plan)
         else:
             pending = (pending[0], pending[1], states)
     if pending is not None:
-        _drain(pending, q.dtype, out, lse, b, plan)
-
-
-def _drain(pending, q_dtype, out, lse, b, plan):
-    """The back half of a pending key tile, then the query tiles that finished with it."""
-    work, vb, finished = pending
-    _back(work, vb, q_dtype, plan)
-    if finished is not None:
-        for s in finished:
-            _close_query_tile(s, out, lse, b, plan)
+        _drain(pending, out, lse, b, q.dtype, plan)
 
 
 @nki.jit
-def forward(q, k, v, plan):
+def flash_attention_fwd_kernel(q, k, v, plan):
     """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
     for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM.
 
     ``plan`` is the :class:`FlashAttentionPlan` for these shapes (a compile-time argument).
+    Launched as ``flash_attention_fwd_kernel[plan.lnc]``: each physical core runs its share
+    ``plan.core_groups[nl.program_id(0)]`` of (batch, KV head) groups and query tiles and
+    writes only those rows of out and lse.
     """
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     assert (B, H, Hkv, Sq, Sk, D) == (plan.b, plan.h, plan.hkv, plan.sq, plan.sk, plan.d), (
         "flash_attention: the plan was made for other shapes"
     )
+    assert nl.num_programs(0) == plan.lnc, (
+        "flash_attention: launch flash_attention_fwd_kernel[plan.lnc]"
+    )
     out = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="out")
     lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="lse")
-    group = H // Hkv
-    for b in range(B):
-        for kvh in range(Hkv):
-            # K/V resident: loaded once, shared by every query tile of the group's heads.
-            kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
-            tiles = []
-            for g in range(group):
-                for q0 in range(0, Sq, plan.q_tile):
-                    tiles.append((kvh * group + g, q0))
-            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan)
+    for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
+        # K/V resident: loaded once, shared by every query tile of the group's heads.
+        kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
+        _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan)
     return out, lse
 
 
@@ -777,9 +809,15 @@ def _forward_kernels(q, k, v, causal, softmax_scale, config, runner, op):
         return out, lse
     spec = REGISTRY_BY_NAME[op]
     tiles = spec.check(
-        problem(q, k, v, causal, softmax_scale), dtype_name(q), config, runner.target
+        problem(q, k, v, causal, softmax_scale),
+        dtype_name(q),
+        config,
+        runner.target,
+        runner_lnc(runner),
     )
-    out, lse = runner(forward, q.contiguous(), k.contiguous(), v.contiguous(), tiles)
+    out, lse = runner(
+        flash_attention_fwd_kernel[tiles.lnc], q.contiguous(), k.contiguous(), v.contiguous(), tiles
+    )
     return out, lse.reshape(b, h, sq)
 
 
@@ -968,7 +1006,7 @@ FWD_SPEC = register(
         test_problems=_TEST_PROBLEMS,
         shape_bucket=shape_bucket,
         model_slice=kv_group_slice,
-        kernels=(forward,),
+        kernels=(flash_attention_fwd_kernel,),
         autograd=(_setup_context, _backward),
         bad_inputs=_bad_inputs(FWD_OP),
         budget_hints=_BUDGET_HINTS,
@@ -990,7 +1028,7 @@ SPEC = register(
         test_problems=_TEST_PROBLEMS,
         shape_bucket=shape_bucket,
         model_slice=kv_group_slice,
-        kernels=(forward,),
+        kernels=(flash_attention_fwd_kernel,),
         composite=composite,
         bad_inputs=_bad_inputs(OP),
         budget_hints=_BUDGET_HINTS,

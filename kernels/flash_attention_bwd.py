@@ -55,14 +55,16 @@ from neuron_kernels.kernels.spec import (
     ceil_div,
     dtype_name,
     register,
+    runner_lnc,
     tunable,
 )
+from neuron_kernels.kernels.tiling import split_work, tiled
 
 __all__ = [
     "SPEC",
     "FlashAttentionBwdConfig",
     "FlashAttentionBwdPlan",
-    "backward",
+    "flash_attention_bwd_kernel",
     "plan",
     "reference",
     "run_kernels",
@@ -166,33 +168,28 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     lag_kv: int  # pipeline: stage 2 (dK/dV, dS^T) runs this many pairs behind the scores
     lag_q: int  # pipeline: stage 3 (dQ) runs this many pairs behind the scores
     pe_transpose_keeps_dtype: bool  # PE transposes write the input dtype to PSUM (v3+)
+    lnc: int  # physical cores of the launch (kernel[lnc])
+    core_groups: tuple  # per core: ((b, kv head, its query passes, split slot or -1), ...)
+    split_groups: int  # groups whose query passes are split over the cores (dK/dV partials)
     sbuf_bytes: int
     psum_banks: int
 
 
-def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Target):
-    """The tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``.
+def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Target, lnc: int = 1):
+    """The tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``, the
+    (batch, KV head) groups split over ``lnc`` cores: a group's dK and dV sum over all its
+    query heads and rows, so a group stays on one core and the cores write disjoint
+    gradients (with fewer groups than cores, a core idles: splitting a group would need
+    a cross-core sum of dK/dV).
 
     Raises:
         LimitError: DMA transposes on a target or dtype that has none.
     """
     if config.transpose == "dma":
-        if not target.has_dma_transpose:
-            raise LimitError(
-                OP,
-                "config transpose",
-                f"must not be 'dma' on {target.name} (DMA transpose needs trn2+)",
-                "dma",
-            )
-        if ITEMSIZE[dtype] != 2:
-            raise LimitError(
-                OP,
-                "config transpose",
-                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
-                f"dma with {dtype}",
-            )
+        target.check_dma_transpose(OP, "config transpose", dtype, ITEMSIZE[dtype])
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
+    causal = bool(problem.get("causal", False))
     item = ITEMSIZE[dtype]
     tq = target.pmax
     tk = min(config.tile_k, target.pmax)
@@ -237,7 +234,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         sq=sq,
         sk=sk,
         d=d,
-        causal=bool(problem.get("causal", False)),
+        causal=causal,
         tile_q=tq,
         tile_k=tk,
         q_block=config.q_block,
@@ -251,9 +248,50 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         lag_kv=PIPELINE_LAG_KV,
         lag_q=PIPELINE_LAG_Q,
         pe_transpose_keeps_dtype=target.has_transpose_mode,
+        lnc=lnc,
+        core_groups=_core_groups(b, hkv, groups, sq, sk, tq, config.q_block, causal, lnc),
+        split_groups=(b * hkv) % lnc if lnc > 1 else 0,
         sbuf_bytes=sbuf,
         psum_banks=banks,
     )
+
+
+def _query_passes(groups, sq, sk, tq, q_block, causal):
+    """A KV group's query passes ``(head within the group, first tile, tiles)`` in the
+    kernel's order, and each one's cost: the keys its query rows see (all of Sk, or up to
+    the causal diagonal, aligned bottom-right) plus one tile of fixed work per query tile."""
+    passes, costs = [], []
+    tiles = tiled(sq, tq)
+    for g in range(groups):
+        for p0, n_pass in tiled(len(tiles), q_block):
+            cost = 0
+            for q0, n_q in tiles[p0 : p0 + n_pass]:
+                k_end = min(sk, q0 + n_q + sk - sq) if causal else sk
+                cost += max(0, k_end) + tq
+            passes.append((g, p0, n_pass))
+            costs.append(cost)
+    return passes, costs
+
+
+def _core_groups(b, hkv, groups, sq, sk, tq, q_block, causal, lnc) -> tuple:
+    """Each core's ``(b, kv head, query passes, split slot)``: whole (batch, KV head)
+    groups round robin while every core gets one (slot -1: the core writes the group's dK
+    and dV); the groups left over (fewer than the cores) split by their query passes,
+    balancing the keys seen, each core summing dK/dV over its own passes into partial slot
+    ``slot`` (the op adds the cores' partials in core order). At LNC=1 every group is whole,
+    with all its passes in the LNC=1 order."""
+    all_groups = [(bb, kvh) for bb in range(b) for kvh in range(hkv)]
+    passes, costs = _query_passes(groups, sq, sk, tq, q_block, causal)
+    whole = len(all_groups) - len(all_groups) % lnc
+    shares = [[] for _ in range(lnc)]
+    for i in range(whole):
+        bb, kvh = all_groups[i]
+        shares[i % lnc].append((bb, kvh, tuple(passes), -1))
+    for slot, (bb, kvh) in enumerate(all_groups[whole:]):
+        split = split_work(costs, lnc)
+        for c in range(lnc):
+            shares[c].append((bb, kvh, tuple(passes[i] for i in split[c]), slot))
+    return tuple(tuple(share) for share in shares)
 
 
 # -- the NKI kernel ----------------------------------------------------------------------
@@ -268,13 +306,12 @@ def _transpose_rows(src, rows, t_dst, n, plan, psum_dtype):
     """Fill the D-chunk views ``t_dst[c] [d_tile, n]`` with the transpose of ``src [n, D]``:
     DMA transposes from HBM, or PE transposes of the SBUF ``rows`` through PSUM."""
     d, dt = plan.d, plan.d_tile
-    for c in range(plan.d_chunks):
-        dcs = min(dt, d - c * dt)
+    for c, (d0, dcs) in enumerate(tiled(d, dt)):
         if plan.transpose == "dma":
-            nisa.dma_transpose(dst=t_dst[c][0:dcs, 0:n], src=src[0:n, c * dt : c * dt + dcs])
+            nisa.dma_transpose(dst=t_dst[c][0:dcs, 0:n], src=src[0:n, d0 : d0 + dcs])
         else:
             tp = nl.ndarray((dcs, n), dtype=psum_dtype, buffer=nl.psum, name="load_t")
-            nisa.nc_transpose(dst=tp, data=rows[0:n, c * dt : c * dt + dcs])
+            nisa.nc_transpose(dst=tp, data=rows[0:n, d0 : d0 + dcs])
             nisa.tensor_copy(dst=t_dst[c][0:dcs, 0:n], src=tp)
 
 
@@ -292,10 +329,8 @@ def _transpose_ds(ds, n_q, n_k, plan, psum_dtype):
         nisa.dma_transpose(dst=dst[0:n_k, 0:n_q], src=ds[0:n_q, 0:n_k])
     else:
         blk = plan.vector_transpose
-        for p0 in range(0, n_q, blk):
-            ps = min(blk, n_q - p0)
-            for f0 in range(0, n_k, blk):
-                fs = min(blk, n_k - f0)
+        for p0, ps in tiled(n_q, blk):
+            for f0, fs in tiled(n_k, blk):
                 nisa.nc_transpose(
                     dst=dst[f0 : f0 + fs, p0 : p0 + ps],
                     data=ds[p0 : p0 + ps, f0 : f0 + fs],
@@ -324,8 +359,7 @@ def _scores(qs, kv, pair, scale, plan):
     tq, tk, dt = plan.tile_q, plan.tile_k, plan.d_tile
     dtype = qs["q"].dtype
     s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.psum, name="s")
-    for c in range(plan.d_chunks):
-        dcs = min(dt, plan.d - c * dt)
+    for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
         nisa.nc_matmul(
             dst=s[0:n_q, 0:n_k],
             stationary=qs["q_t"][0:dcs, c, t * tq : t * tq + n_q],
@@ -352,8 +386,7 @@ def _scores(qs, kv, pair, scale, plan):
             offset=q0 + plan.sk - plan.sq - k0,
         )
     dp = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.psum, name="dp")
-    for c in range(plan.d_chunks):
-        dcs = min(dt, plan.d - c * dt)
+    for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
         nisa.nc_matmul(
             dst=dp[0:n_q, 0:n_k],
             stationary=qs["do_t"][0:dcs, c, t * tq : t * tq + n_q],
@@ -483,9 +516,7 @@ def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
         "q_src": [],
         "do_src": [],
     }
-    for t in range(n_tiles):
-        q0 = (p0 + t) * tq
-        n_q = min(tq, plan.sq - q0)
+    for t, (q0, n_q) in enumerate(tiled(plan.sq, tq)[p0 : p0 + n_tiles]):
         if _visibility(q0, n_q, 0, plan.sk, plan) == "none":
             continue
         qs["live"].append((t, n_q))
@@ -567,7 +598,8 @@ def _transpose_kv(kv, plan, psum_dtype):
 def _load_kv_block(k, v, b, hk, jb, kv_tiles, n_kt, plan, psum_dtype, phases):
     """Load the key tiles of block ``jb`` into ``kv_tiles``: ``phases`` 1 = rows (DMA),
     2 = transposes, 3 = both."""
-    for j in range(jb * plan.kv_block, min((jb + 1) * plan.kv_block, n_kt)):
+    j0, n_j = tiled(n_kt, plan.kv_block)[jb]
+    for j in range(j0, j0 + n_j):
         if phases != 2:
             kv_tiles[j] = _load_kv_rows(k, v, b, hk, j, plan)
         if phases != 1 and plan.transpose != "dma":
@@ -593,9 +625,9 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
     pairs = []
     if plan.loop_order == "kv_outer":
         triples = []
-        for jb in range(0, n_kt, kb):
+        for jb, jbs in tiled(n_kt, kb):
             for t in range(n_tiles):
-                for j in range(jb, min(jb + kb, n_kt)):
+                for j in range(jb, jb + jbs):
                     triples.append((t, j))
     else:
         triples = []
@@ -613,7 +645,7 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
 
 
 @nki.jit
-def backward(dout, q, k, v, out, lse, scale, plan):
+def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
     """``(dq, dk, dv)`` for attention in BHSD layout (HBM): ``dout, q, out [B, H, Sq, D]``,
     ``k, v [B, Hkv, Sk, D]``, ``lse [B, H, Sq]`` fp32; ``scale`` is the softmax scale
     (a compile-time float) and ``plan`` the :class:`FlashAttentionBwdPlan` for these shapes.
@@ -621,6 +653,12 @@ def backward(dout, q, k, v, out, lse, scale, plan):
     The tile pairs of a pass run as a three-stage software pipeline in program order
     (scores of pair n, dK/dV and dS^T of pair n - lag_kv, dQ of pair n - lag_q), so each engine's
     in-order queue has independent work while the previous pair's results travel.
+    Launched as ``flash_attention_bwd_kernel[plan.lnc]``: each physical core takes its
+    (batch, KV head) groups ``plan.core_groups[nl.program_id(0)]`` and writes only their
+    dq, dk and dv. A group split over the cores by query passes (fewer groups than cores)
+    has each core write its dq rows and its fp32 dK/dV partial sums (scaled) to its own
+    slot of the extra outputs ``dk_part, dv_part [lnc, split groups, Sk, D]``, returned
+    after dq, dk and dv; the op adds the slots in core order.
     """
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -632,139 +670,152 @@ def backward(dout, q, k, v, out, lse, scale, plan):
         plan.sk,
         plan.d,
     ), "flash_attention_bwd: the plan was made for other shapes"
+    assert nl.num_programs(0) == plan.lnc, "flash_attention_bwd: launch it [plan.lnc]"
     dq = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="dq")
     dk = nl.ndarray((B, Hkv, Sk, D), dtype=k.dtype, buffer=nl.shared_hbm, name="dk")
     dv = nl.ndarray((B, Hkv, Sk, D), dtype=v.dtype, buffer=nl.shared_hbm, name="dv")
+    core = nl.program_id(0)
+    parts = (plan.lnc, plan.split_groups, Sk, D)
+    if plan.split_groups:
+        dk_part = nl.ndarray(parts, dtype=nl.float32, buffer=nl.shared_hbm, name="dk_part")
+        dv_part = nl.ndarray(parts, dtype=nl.float32, buffer=nl.shared_hbm, name="dv_part")
 
     tq, tk = plan.tile_q, plan.tile_k
-    n_qt, n_kt = (Sq + tq - 1) // tq, (Sk + tk - 1) // tk
+    n_kt = (Sk + tk - 1) // tk
     kv_outer = plan.loop_order == "kv_outer"
     # PE transposes keep the input dtype in PSUM from NeuronCore-v3 (bit-accurate mode);
     # NeuronCore-v2 transposes through an fp32 matmul.
     psum_dtype = q.dtype if plan.pe_transpose_keeps_dtype else nl.float32
 
-    for b in range(B):
-        for hk in range(Hkv):
-            # dK and dV of this KV head, summed over its query heads and query tiles (fp32).
-            acc = {
-                "dk": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dk_acc"),
-                "dv": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dv_acc"),
-                "kv_started": [False] * n_kt,
-            }
-            kv_all = None
-            if not kv_outer:  # every key tile of the head stays in SBUF
-                kv_all = [None] * n_kt
-                for j in range(n_kt):
-                    kv_all[j] = _load_kv_rows(k, v, b, hk, j, plan)
-                for j in range(n_kt):
-                    if plan.transpose != "dma":
-                        _transpose_kv(kv_all[j], plan, psum_dtype)
-            # The query passes of this KV head: each query head's tiles, q_block at a time.
-            passes = []
-            for g in range(plan.groups):
-                for p0 in range(0, n_qt, plan.q_block):
-                    passes.append((hk * plan.groups + g, p0, min(plan.q_block, n_qt - p0)))
-            pass_pairs = []
-            for ps in passes:
-                pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
-            kb = plan.kv_block
-            qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan)
-            _query_pass_prepare(qs_next, plan, psum_dtype)
-            kv_next = kv_all
-            if kv_outer:
-                kv_next = [None] * n_kt
-                if len(pass_pairs[0]) > 0:
-                    jb0 = pass_pairs[0][0][1] // kb
-                    _load_kv_block(k, v, b, hk, jb0, kv_next, n_kt, plan, psum_dtype, 3)
-            for i in range(len(passes)):
-                h, p0, n_tiles = passes[i]
-                qs, kv_tiles = qs_next, kv_next
-                pairs = pass_pairs[i]
-                n_pairs = len(pairs)
-                # Prefetch the next pass while this one runs: its DMAs now, its transposes
-                # (and its first key block, under kv_outer) near this pass's end.
-                has_next = i + 1 < len(passes)
-                next_block = -1
-                if has_next:
-                    qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan)
-                    if kv_outer and len(pass_pairs[i + 1]) > 0:
-                        next_block = pass_pairs[i + 1][0][1] // kb
-                if kv_outer and n_kt <= kb and next_block >= 0:
-                    kv_next = kv_tiles  # one key block: the next pass reuses its tiles
-                    next_block = -1
-                elif kv_outer:
-                    kv_next = [None] * n_kt
-                prepared = False
-                acc["q_started"] = [False] * n_tiles
-                if kv_outer:
-                    acc["dq"] = nl.ndarray(
-                        (tq, n_tiles, D), dtype=nl.float32, buffer=nl.sbuf, name="dq_acc"
-                    )
-                # Where PSUM sums start and end: the key block of a pair (dK/dV under
-                # kv_outer) and its run of consecutive pairs with one query tile (dQ).
-                kv_group, q_group = [], []
-                for n in range(len(pairs)):
-                    kv_group.append(pairs[n][1] // kb if kv_outer else n)
-                    q_group.append((pairs[n][0], kv_group[n]) if kv_outer else pairs[n][0])
-                blocks = []  # key blocks in the order the pass first uses them
-                for jb in kv_group if kv_outer else ():
-                    if len(blocks) == 0 or blocks[-1] != jb:
-                        blocks.append(jb)
-                states = [None] * n_pairs
-                for step in range(n_pairs + plan.lag_q):
-                    n = step
-                    if n < n_pairs:
-                        pair = pairs[n]
-                        first = n == 0 or kv_group[n - 1] != kv_group[n]
-                        last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
-                        # prefetch the next key block: rows now, transposes at its end
-                        ahead, dst_tiles = -1, kv_tiles
-                        if kv_outer:
-                            at = blocks.index(kv_group[n])
-                            if at + 1 < len(blocks):
-                                ahead = blocks[at + 1]
-                            else:
-                                ahead, dst_tiles = next_block, kv_next
-                        if ahead >= 0 and first:
-                            _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
-                        states[n] = _scores(qs, kv_tiles[pair[1]], pair, scale, plan)
-                        if ahead >= 0 and last:
-                            _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
-                        if n == n_pairs - 1 and has_next:
-                            _query_pass_prepare(qs_next, plan, psum_dtype)
-                            prepared = True
-                    n = step - plan.lag_kv
-                    if 0 <= n < n_pairs:
-                        first = n == 0 or kv_group[n - 1] != kv_group[n]
-                        last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
-                        _kv_grads(states[n], qs, pairs[n], first, last, acc, plan, psum_dtype)
-                    n = step - plan.lag_q
-                    if 0 <= n < n_pairs:
-                        first = n == 0 or q_group[n - 1] != q_group[n]
-                        last = n == n_pairs - 1 or q_group[n + 1] != q_group[n]
-                        kv = kv_tiles[pairs[n][1]]
-                        _q_grads(states[n], kv, pairs[n], first, last, acc, dq[b, h], scale, plan)
-                        states[n] = None
-                if has_next and not prepared:  # a pass no key reaches
-                    _query_pass_prepare(qs_next, plan, psum_dtype)
-                    if next_block >= 0:
-                        _load_kv_block(k, v, b, hk, next_block, kv_next, n_kt, plan, psum_dtype, 3)
-                for t in range(n_tiles):
-                    q0 = (p0 + t) * tq
-                    n_q = min(tq, Sq - q0)
-                    if not acc["q_started"][t]:
-                        _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
-                    elif kv_outer:
-                        src = acc["dq"][0:n_q, t, :]
-                        _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, D)
+    for b, hk, group_passes, slot in plan.core_groups[core]:
+        if len(group_passes) == 0:  # a split group none of whose passes is this core's
+            for k0, n_k in tiled(Sk, tk):
+                _store_scaled(dk_part[core, slot, k0 : k0 + n_k, :], None, n_k, scale, D)
+                _store_scaled(dv_part[core, slot, k0 : k0 + n_k, :], None, n_k, 1.0, D)
+            continue
+        # dK and dV of this KV head, summed over its query heads and query tiles (fp32).
+        acc = {
+            "dk": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dk_acc"),
+            "dv": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dv_acc"),
+            "kv_started": [False] * n_kt,
+        }
+        kv_all = None
+        if not kv_outer:  # every key tile of the head stays in SBUF
+            kv_all = [None] * n_kt
             for j in range(n_kt):
-                k0 = j * tk
-                n_k = min(tk, Sk - k0)
-                started = acc["kv_started"][j]
-                dk_src = acc["dk"][0:n_k, j, :] if started else None
-                dv_src = acc["dv"][0:n_k, j, :] if started else None
-                _store_scaled(dk[b, hk, k0 : k0 + n_k, :], dk_src, n_k, scale, D)
-                _store_scaled(dv[b, hk, k0 : k0 + n_k, :], dv_src, n_k, 1.0, D)
+                kv_all[j] = _load_kv_rows(k, v, b, hk, j, plan)
+            for j in range(n_kt):
+                if plan.transpose != "dma":
+                    _transpose_kv(kv_all[j], plan, psum_dtype)
+        # This core's query passes of this KV head (all of them unless the group is split):
+        # each query head's tiles, q_block at a time.
+        passes = []
+        for g, p0, n_pass in group_passes:
+            passes.append((hk * plan.groups + g, p0, n_pass))
+        pass_pairs = []
+        for ps in passes:
+            pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
+        kb = plan.kv_block
+        qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan)
+        _query_pass_prepare(qs_next, plan, psum_dtype)
+        kv_next = kv_all
+        if kv_outer:
+            kv_next = [None] * n_kt
+            if len(pass_pairs[0]) > 0:
+                jb0 = pass_pairs[0][0][1] // kb
+                _load_kv_block(k, v, b, hk, jb0, kv_next, n_kt, plan, psum_dtype, 3)
+        for i in range(len(passes)):
+            h, p0, n_tiles = passes[i]
+            qs, kv_tiles = qs_next, kv_next
+            pairs = pass_pairs[i]
+            n_pairs = len(pairs)
+            # Prefetch the next pass while this one runs: its DMAs now, its transposes
+            # (and its first key block, under kv_outer) near this pass's end.
+            has_next = i + 1 < len(passes)
+            next_block = -1
+            if has_next:
+                qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan)
+                if kv_outer and len(pass_pairs[i + 1]) > 0:
+                    next_block = pass_pairs[i + 1][0][1] // kb
+            if kv_outer and n_kt <= kb and next_block >= 0:
+                kv_next = kv_tiles  # one key block: the next pass reuses its tiles
+                next_block = -1
+            elif kv_outer:
+                kv_next = [None] * n_kt
+            prepared = False
+            acc["q_started"] = [False] * n_tiles
+            if kv_outer:
+                acc["dq"] = nl.ndarray(
+                    (tq, n_tiles, D), dtype=nl.float32, buffer=nl.sbuf, name="dq_acc"
+                )
+            # Where PSUM sums start and end: the key block of a pair (dK/dV under
+            # kv_outer) and its run of consecutive pairs with one query tile (dQ).
+            kv_group, q_group = [], []
+            for n in range(len(pairs)):
+                kv_group.append(pairs[n][1] // kb if kv_outer else n)
+                q_group.append((pairs[n][0], kv_group[n]) if kv_outer else pairs[n][0])
+            blocks = []  # key blocks in the order the pass first uses them
+            for jb in kv_group if kv_outer else ():
+                if len(blocks) == 0 or blocks[-1] != jb:
+                    blocks.append(jb)
+            states = [None] * n_pairs
+            for step in range(n_pairs + plan.lag_q):
+                n = step
+                if n < n_pairs:
+                    pair = pairs[n]
+                    first = n == 0 or kv_group[n - 1] != kv_group[n]
+                    last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
+                    # prefetch the next key block: rows now, transposes at its end
+                    ahead, dst_tiles = -1, kv_tiles
+                    if kv_outer:
+                        at = blocks.index(kv_group[n])
+                        if at + 1 < len(blocks):
+                            ahead = blocks[at + 1]
+                        else:
+                            ahead, dst_tiles = next_block, kv_next
+                    if ahead >= 0 and first:
+                        _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
+                    states[n] = _scores(qs, kv_tiles[pair[1]], pair, scale, plan)
+                    if ahead >= 0 and last:
+                        _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
+                    if n == n_pairs - 1 and has_next:
+                        _query_pass_prepare(qs_next, plan, psum_dtype)
+                        prepared = True
+                n = step - plan.lag_kv
+                if 0 <= n < n_pairs:
+                    first = n == 0 or kv_group[n - 1] != kv_group[n]
+                    last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
+                    _kv_grads(states[n], qs, pairs[n], first, last, acc, plan, psum_dtype)
+                n = step - plan.lag_q
+                if 0 <= n < n_pairs:
+                    first = n == 0 or q_group[n - 1] != q_group[n]
+                    last = n == n_pairs - 1 or q_group[n + 1] != q_group[n]
+                    kv = kv_tiles[pairs[n][1]]
+                    _q_grads(states[n], kv, pairs[n], first, last, acc, dq[b, h], scale, plan)
+                    states[n] = None
+            if has_next and not prepared:  # a pass no key reaches
+                _query_pass_prepare(qs_next, plan, psum_dtype)
+                if next_block >= 0:
+                    _load_kv_block(k, v, b, hk, next_block, kv_next, n_kt, plan, psum_dtype, 3)
+            for t, (q0, n_q) in enumerate(tiled(Sq, tq)[p0 : p0 + n_tiles]):
+                if not acc["q_started"][t]:
+                    _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
+                elif kv_outer:
+                    src = acc["dq"][0:n_q, t, :]
+                    _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, D)
+        for j, (k0, n_k) in enumerate(tiled(Sk, tk)):
+            started = acc["kv_started"][j]
+            dk_src = acc["dk"][0:n_k, j, :] if started else None
+            dv_src = acc["dv"][0:n_k, j, :] if started else None
+            if slot < 0:
+                dk_dst, dv_dst = dk[b, hk, k0 : k0 + n_k, :], dv[b, hk, k0 : k0 + n_k, :]
+            else:  # this core's fp32 partial sums of a split group
+                dk_dst = dk_part[core, slot, k0 : k0 + n_k, :]
+                dv_dst = dv_part[core, slot, k0 : k0 + n_k, :]
+            _store_scaled(dk_dst, dk_src, n_k, scale, D)
+            _store_scaled(dv_dst, dv_src, n_k, 1.0, D)
+    if plan.split_groups:
+        return dq, dk, dv, dk_part, dv_part
     return dq, dk, dv
 
 
@@ -861,11 +912,15 @@ def run_kernels(
     if 0 in (*q.shape, k.shape[1], k.shape[2]):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     tiles = SPEC.check(
-        problem(dout, q, k, v, out, lse, causal), dtype_name(q), config, runner.target
+        problem(dout, q, k, v, out, lse, causal),
+        dtype_name(q),
+        config,
+        runner.target,
+        runner_lnc(runner),
     )
     scale = resolve_scale(softmax_scale, q.shape[3])
-    dq, dk, dv = runner(
-        backward,
+    outs = runner(
+        flash_attention_bwd_kernel[tiles.lnc],
         dout.contiguous(),
         q.contiguous(),
         k.contiguous(),
@@ -875,6 +930,17 @@ def run_kernels(
         scale,
         tiles,
     )
+    dq, dk, dv = outs[:3]
+    if tiles.split_groups:  # groups split over the cores: their fp32 dK/dV partials, added
+        # in core order and rounded once (deterministic: the same order every run)
+        dk_part, dv_part = outs[3], outs[4]
+        split = [(b, kvh) for b, kvh, _, slot in tiles.core_groups[0] if slot >= 0]
+        for slot, (b, kvh) in enumerate(split):
+            dk_sum, dv_sum = dk_part[0, slot], dv_part[0, slot]
+            for c in range(1, tiles.lnc):
+                dk_sum, dv_sum = dk_sum + dk_part[c, slot], dv_sum + dv_part[c, slot]
+            dk[b, kvh] = dk_sum.to(dk.dtype)
+            dv[b, kvh] = dv_sum.to(dv.dtype)
     return dq, dk, dv
 
 
@@ -978,7 +1044,7 @@ SPEC = register(
             # budgets bind here (trace-only runs): long query passes at the largest head dim
             "large": {"b": 1, "hkv": 1, "groups": 1, "sq": 8192, "sk": 256, "d": 256},
         },
-        kernels=(backward,),
+        kernels=(flash_attention_bwd_kernel,),
         model_slice=kv_group_slice,
         bad_inputs=_bad_inputs,
         budget_hints={

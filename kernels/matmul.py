@@ -28,10 +28,20 @@ from neuron_kernels.kernels.spec import (
     ceil_div,
     dtype_name,
     register,
+    runner_lnc,
     tunable,
 )
+from neuron_kernels.kernels.tiling import core_share, tiled
 
-__all__ = ["SPEC", "MatmulConfig", "MatmulPlan", "forward", "plan", "reference", "run_kernels"]
+__all__ = [
+    "SPEC",
+    "MatmulConfig",
+    "MatmulPlan",
+    "matmul_kernel",
+    "plan",
+    "reference",
+    "run_kernels",
+]
 
 OP = "matmul"
 
@@ -115,32 +125,25 @@ class MatmulPlan(nl.NKIObject):
     k_tiles: int  # K tiles a block holds in SBUF (block_k / tile_k, clipped to K)
     k_blocks: int  # blocks along K
     pe_transpose_keeps_dtype: bool  # PE transposes write the input dtype to PSUM (v3+)
+    lnc: int  # physical cores of the launch (kernel[lnc])
+    core_blocks: tuple  # per core, its output blocks ((m0, rows, n0, cols), ...)
     sbuf_bytes: int  # peak SBUF bytes per partition
     psum_banks: int  # PSUM banks held at once
 
 
-def plan(problem: dict, dtype: str, config: MatmulConfig, target: Target) -> MatmulPlan:
-    """The tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``.
+def plan(
+    problem: dict, dtype: str, config: MatmulConfig, target: Target, lnc: int = 1
+) -> MatmulPlan:
+    """The tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``, the output
+    blocks split over ``lnc`` cores (each block's M x N area as its cost: every block is a
+    full K reduction, so independent of the others, and balanced to within one block).
 
     Raises:
         LimitError: DMA transposes on a target or dtype that has none.
     """
     m, n, k = problem["m"], problem["n"], problem["k"]
     if config.transpose == "dma":
-        if not target.has_dma_transpose:
-            raise LimitError(
-                OP,
-                "config transpose",
-                f"must not be 'dma' on {target.name} (DMA transpose needs trn2+)",
-                "dma",
-            )
-        if ITEMSIZE[dtype] != 2:
-            raise LimitError(
-                OP,
-                "config transpose",
-                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
-                f"dma with {dtype}",
-            )
+        target.check_dma_transpose(OP, "config transpose", dtype, ITEMSIZE[dtype])
     item = ITEMSIZE[dtype]
     a_stationary = config.stationary == "a"
     stationary_f, moving_f = target.gemm_stationary_fmax, target.gemm_moving_fmax
@@ -182,9 +185,18 @@ def plan(problem: dict, dtype: str, config: MatmulConfig, target: Target) -> Mat
         k_tiles=k_tiles,
         k_blocks=k_blocks,
         pe_transpose_keeps_dtype=target.has_transpose_mode,
+        lnc=lnc,
+        core_blocks=_core_blocks(m, n, block_m, block_n, lnc),
         sbuf_bytes=sbuf,
         psum_banks=banks,
     )
+
+
+def _core_blocks(m: int, n: int, block_m: int, block_n: int, lnc: int) -> tuple:
+    """Each core's output blocks ``(m0, rows, n0, cols)``, M-major as the LNC=1 loop."""
+    blocks = [(m0, ms, n0, ns) for m0, ms in tiled(m, block_m) for n0, ns in tiled(n, block_n)]
+    costs = [ms * ns for _, ms, _, ns in blocks]
+    return tuple(tuple(core_share(blocks, costs, c, lnc)) for c in range(lnc))
 
 
 # -- the NKI kernel ----------------------------------------------------------------------
@@ -193,21 +205,17 @@ def plan(problem: dict, dtype: str, config: MatmulConfig, target: Target) -> Mat
 def _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, plan, psum_dtype):
     """Fill ``at_blk[k, kt, m]`` with ``A[m0 + m, k0 + kt * tile_k + k]`` (A^T of one block)."""
     tk = plan.tile_k
-    n_kt = (ks_blk + tk - 1) // tk
     if plan.transpose == "pe":
-        for mc in range(0, ms_blk, tk):
-            mcs = min(tk, ms_blk - mc)
+        for mc, mcs in tiled(ms_blk, tk):
             a_rows = nl.ndarray((mcs, ks_blk), dtype=a.dtype, buffer=nl.sbuf, name="a_rows")
             nisa.dma_copy(dst=a_rows, src=a[m0 + mc : m0 + mc + mcs, k0 : k0 + ks_blk])
-            for kt in range(n_kt):
-                ksz = min(tk, ks_blk - kt * tk)
+            for kt, (kc, ksz) in enumerate(tiled(ks_blk, tk)):
                 a_t = nl.ndarray((ksz, mcs), dtype=psum_dtype, buffer=nl.psum, name="a_t")
-                nisa.nc_transpose(dst=a_t, data=a_rows[0:mcs, kt * tk : kt * tk + ksz])
+                nisa.nc_transpose(dst=a_t, data=a_rows[0:mcs, kc : kc + ksz])
                 nisa.tensor_copy(dst=at_blk[0:ksz, kt, mc : mc + mcs], src=a_t)
     else:
-        for kt in range(n_kt):
-            ksz = min(tk, ks_blk - kt * tk)
-            src = a[m0 : m0 + ms_blk, k0 + kt * tk : k0 + kt * tk + ksz]
+        for kt, (kc, ksz) in enumerate(tiled(ks_blk, tk)):
+            src = a[m0 : m0 + ms_blk, k0 + kc : k0 + kc + ksz]
             if plan.transpose == "dma":
                 nisa.dma_transpose(dst=at_blk[0:ksz, kt, 0:ms_blk], src=src)
             else:
@@ -215,149 +223,136 @@ def _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, plan, psum_dtype):
 
 
 @nki.jit
-def forward(a, b, plan):
+def matmul_kernel(a, b, plan):
     """``C = A @ B`` for ``A [M, K]`` and ``B [K, N]`` in HBM; returns ``C [M, N]`` (A's dtype).
 
-    ``plan`` is the :class:`MatmulPlan` for these shapes (a compile-time argument).
+    ``plan`` is the :class:`MatmulPlan` for these shapes (a compile-time argument). Launched
+    as ``matmul_kernel[plan.lnc]``: each physical core computes its own output blocks
+    (``plan.core_blocks[nl.program_id(0)]``), reading the shared A and B and writing
+    disjoint blocks of C, so the cores never touch the same output bytes.
     """
     M, K = a.shape
     K_b, N = b.shape
     assert K == K_b, f"matmul: b.shape[0] must equal a.shape[1] ({K}), got {K_b}"
     assert (M, N, K) == (plan.m, plan.n, plan.k), "matmul: the plan was made for other shapes"
+    assert nl.num_programs(0) == plan.lnc, "matmul: launch matmul_kernel[plan.lnc]"
     out = nl.ndarray((M, N), dtype=a.dtype, buffer=nl.shared_hbm, name="c")
 
     a_stationary = plan.stationary == "a"
     accumulate = plan.accumulate
     tile_k, tile_m, tile_n = plan.tile_k, plan.tile_m, plan.tile_n
-    blk_m, blk_n, blk_k = plan.block_m, plan.block_n, plan.block_k
     # PE transposes keep the input dtype in PSUM from NeuronCore-v3 (bit-accurate mode);
     # NeuronCore-v2 transposes through an fp32 matmul.
     psum_dtype = a.dtype if plan.pe_transpose_keeps_dtype else nl.float32
-    n_kb = plan.k_blocks
+    k_blocks = tiled(K, plan.block_k)
+    n_kb = len(k_blocks)
     kt_alloc = plan.k_tiles
     k_rows = min(tile_k, K)
 
-    for m0 in range(0, M, blk_m):
-        ms_blk = min(blk_m, M - m0)
-        for n0 in range(0, N, blk_n):
-            ns_blk = min(blk_n, N - n0)
-            # Output tiles of this block, indexed [p][q]: p along the partition side.
-            p_ext, q_ext = (ms_blk, ns_blk) if a_stationary else (ns_blk, ms_blk)
-            p_tile, q_tile = (tile_m, tile_n) if a_stationary else (tile_n, tile_m)
-            n_p, n_q = ceil_div(p_ext, p_tile), ceil_div(q_ext, q_tile)
-            p_alloc, q_alloc = min(p_tile, p_ext), min(q_tile, q_ext)
+    for m0, ms_blk, n0, ns_blk in plan.core_blocks[nl.program_id(0)]:
+        # Output tiles of this block, indexed [p][q]: p along the partition side.
+        p_ext, q_ext = (ms_blk, ns_blk) if a_stationary else (ns_blk, ms_blk)
+        p_tile, q_tile = (tile_m, tile_n) if a_stationary else (tile_n, tile_m)
+        p_tiles, q_tiles = tiled(p_ext, p_tile), tiled(q_ext, q_tile)
+        p_alloc, q_alloc = min(p_tile, p_ext), min(q_tile, q_ext)
 
-            sums = []  # PSUM tiles over all of K ("psum") or fp32 SBUF accumulators ("sbuf")
-            for p in range(n_p):
-                if accumulate == "psum":
-                    row = []
-                    for q in range(n_q):
-                        row.append(
-                            nl.ndarray(
-                                (p_alloc, q_alloc), dtype=nl.float32, buffer=nl.psum, name="c_psum"
-                            )
+        sums = []  # PSUM tiles over all of K ("psum") or fp32 SBUF accumulators ("sbuf")
+        for _ in p_tiles:
+            if accumulate == "psum":
+                row = []
+                for _ in q_tiles:
+                    row.append(
+                        nl.ndarray(
+                            (p_alloc, q_alloc), dtype=nl.float32, buffer=nl.psum, name="c_psum"
                         )
-                    sums.append(row)
-                elif n_kb > 1:
-                    sums.append(
-                        nl.ndarray((p_alloc, q_ext), dtype=nl.float32, buffer=nl.sbuf, name="c_acc")
                     )
-
-            staged = []  # output rows in C's dtype, one DMA per partition tile
-            for p in range(n_p):
-                if accumulate == "sbuf" and n_kb > 1 and out.dtype == nl.float32:
-                    staged.append(sums[p])  # fp32 accumulators are the output already
-                else:
-                    staged.append(
-                        nl.ndarray((p_alloc, q_ext), dtype=out.dtype, buffer=nl.sbuf, name="c_out")
-                    )
-
-            for kb in range(n_kb):
-                k0 = kb * blk_k
-                ks_blk = min(blk_k, K - k0)
-                n_kt = ceil_div(ks_blk, tile_k)
-                b_blk = nl.ndarray(
-                    (k_rows, kt_alloc, ns_blk), dtype=b.dtype, buffer=nl.sbuf, name="b_blk"
+                sums.append(row)
+            elif n_kb > 1:
+                sums.append(
+                    nl.ndarray((p_alloc, q_ext), dtype=nl.float32, buffer=nl.sbuf, name="c_acc")
                 )
-                for kt in range(n_kt):
-                    ksz = min(tile_k, ks_blk - kt * tile_k)
-                    nisa.dma_copy(
-                        dst=b_blk[0:ksz, kt, 0:ns_blk],
-                        src=b[k0 + kt * tile_k : k0 + kt * tile_k + ksz, n0 : n0 + ns_blk],
-                    )
-                at_blk = nl.ndarray(
-                    (k_rows, kt_alloc, ms_blk), dtype=a.dtype, buffer=nl.sbuf, name="at_blk"
+
+        staged = []  # output rows in C's dtype, one DMA per partition tile
+        for p in range(len(p_tiles)):
+            if accumulate == "sbuf" and n_kb > 1 and out.dtype == nl.float32:
+                staged.append(sums[p])  # fp32 accumulators are the output already
+            else:
+                staged.append(
+                    nl.ndarray((p_alloc, q_ext), dtype=out.dtype, buffer=nl.sbuf, name="c_out")
                 )
-                _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, plan, psum_dtype)
 
-                for p in range(n_p):
-                    po = p * p_tile
-                    psz = min(p_tile, p_ext - po)
-                    for q in range(n_q):
-                        qo = q * q_tile
-                        qsz = min(q_tile, q_ext - qo)
-                        # (offset, size) of this output tile along M and along N
-                        mo, msz, no, nsz = (
-                            (po, psz, qo, qsz) if a_stationary else (qo, qsz, po, psz)
-                        )
-                        if accumulate == "psum":
-                            acc = sums[p][q]
-                        else:
-                            acc = nl.ndarray(
-                                (p_alloc, q_alloc), dtype=nl.float32, buffer=nl.psum, name="c_part"
-                            )
-                        for kt in range(n_kt):
-                            ksz = min(tile_k, ks_blk - kt * tile_k)
-                            at_tile = at_blk[0:ksz, kt, mo : mo + msz]
-                            b_tile = b_blk[0:ksz, kt, no : no + nsz]
-                            nisa.nc_matmul(
-                                dst=acc[0:psz, 0:qsz],
-                                stationary=at_tile if a_stationary else b_tile,
-                                moving=b_tile if a_stationary else at_tile,
-                                accumulate=(kb > 0 or kt > 0) if accumulate == "psum" else kt > 0,
-                            )
-                        if accumulate == "sbuf":
-                            if n_kb == 1:
-                                nisa.tensor_copy(
-                                    dst=staged[p][0:psz, qo : qo + qsz], src=acc[0:psz, 0:qsz]
-                                )
-                            elif kb == 0:
-                                nisa.tensor_copy(
-                                    dst=sums[p][0:psz, qo : qo + qsz], src=acc[0:psz, 0:qsz]
-                                )
-                            else:
-                                nisa.tensor_tensor(
-                                    dst=sums[p][0:psz, qo : qo + qsz],
-                                    data1=sums[p][0:psz, qo : qo + qsz],
-                                    data2=acc[0:psz, 0:qsz],
-                                    op=nl.add,
-                                )
+        for kb, (k0, ks_blk) in enumerate(k_blocks):
+            k_tiles = tiled(ks_blk, tile_k)
+            b_blk = nl.ndarray(
+                (k_rows, kt_alloc, ns_blk), dtype=b.dtype, buffer=nl.sbuf, name="b_blk"
+            )
+            for kt, (kc, ksz) in enumerate(k_tiles):
+                nisa.dma_copy(
+                    dst=b_blk[0:ksz, kt, 0:ns_blk],
+                    src=b[k0 + kc : k0 + kc + ksz, n0 : n0 + ns_blk],
+                )
+            at_blk = nl.ndarray(
+                (k_rows, kt_alloc, ms_blk), dtype=a.dtype, buffer=nl.sbuf, name="at_blk"
+            )
+            _load_a_transposed(a, at_blk, m0, ms_blk, k0, ks_blk, plan, psum_dtype)
 
-            for p in range(n_p):
-                po = p * p_tile
-                psz = min(p_tile, p_ext - po)
-                for q in range(n_q):
-                    qo = q * q_tile
-                    qsz = min(q_tile, q_ext - qo)
+            for p, (po, psz) in enumerate(p_tiles):
+                for q, (qo, qsz) in enumerate(q_tiles):
+                    # (offset, size) of this output tile along M and along N
+                    mo, msz, no, nsz = (po, psz, qo, qsz) if a_stationary else (qo, qsz, po, psz)
                     if accumulate == "psum":
-                        nisa.tensor_copy(
-                            dst=staged[p][0:psz, qo : qo + qsz], src=sums[p][q][0:psz, 0:qsz]
+                        acc = sums[p][q]
+                    else:
+                        acc = nl.ndarray(
+                            (p_alloc, q_alloc), dtype=nl.float32, buffer=nl.psum, name="c_part"
                         )
-                    elif n_kb > 1 and out.dtype != nl.float32:
-                        nisa.tensor_copy(
-                            dst=staged[p][0:psz, qo : qo + qsz], src=sums[p][0:psz, qo : qo + qsz]
+                    for kt, (_, ksz) in enumerate(k_tiles):
+                        at_tile = at_blk[0:ksz, kt, mo : mo + msz]
+                        b_tile = b_blk[0:ksz, kt, no : no + nsz]
+                        nisa.nc_matmul(
+                            dst=acc[0:psz, 0:qsz],
+                            stationary=at_tile if a_stationary else b_tile,
+                            moving=b_tile if a_stationary else at_tile,
+                            accumulate=(kb > 0 or kt > 0) if accumulate == "psum" else kt > 0,
                         )
-                if a_stationary:
-                    nisa.dma_copy(
-                        dst=out[m0 + po : m0 + po + psz, n0 : n0 + ns_blk],
-                        src=staged[p][0:psz, 0:ns_blk],
+                    if accumulate == "sbuf":
+                        if n_kb == 1:
+                            nisa.tensor_copy(
+                                dst=staged[p][0:psz, qo : qo + qsz], src=acc[0:psz, 0:qsz]
+                            )
+                        elif kb == 0:
+                            nisa.tensor_copy(
+                                dst=sums[p][0:psz, qo : qo + qsz], src=acc[0:psz, 0:qsz]
+                            )
+                        else:
+                            nisa.tensor_tensor(
+                                dst=sums[p][0:psz, qo : qo + qsz],
+                                data1=sums[p][0:psz, qo : qo + qsz],
+                                data2=acc[0:psz, 0:qsz],
+                                op=nl.add,
+                            )
+
+        for p, (po, psz) in enumerate(p_tiles):
+            for q, (qo, qsz) in enumerate(q_tiles):
+                if accumulate == "psum":
+                    nisa.tensor_copy(
+                        dst=staged[p][0:psz, qo : qo + qsz], src=sums[p][q][0:psz, 0:qsz]
                     )
-                else:
-                    # C^T rows (N on partitions) go back through a transposing access pattern.
-                    nisa.dma_copy(
-                        dst=out[m0 : m0 + ms_blk, n0 + po : n0 + po + psz].permute((1, 0)),
-                        src=staged[p][0:psz, 0:ms_blk],
+                elif n_kb > 1 and out.dtype != nl.float32:
+                    nisa.tensor_copy(
+                        dst=staged[p][0:psz, qo : qo + qsz], src=sums[p][0:psz, qo : qo + qsz]
                     )
+            if a_stationary:
+                nisa.dma_copy(
+                    dst=out[m0 + po : m0 + po + psz, n0 : n0 + ns_blk],
+                    src=staged[p][0:psz, 0:ns_blk],
+                )
+            else:
+                # C^T rows (N on partitions) go back through a transposing access pattern.
+                nisa.dma_copy(
+                    dst=out[m0 : m0 + ms_blk, n0 + po : n0 + po + psz].permute((1, 0)),
+                    src=staged[p][0:psz, 0:ms_blk],
+                )
     return out
 
 
@@ -413,8 +408,8 @@ def run_kernels(a: torch.Tensor, b: torch.Tensor, *, config: MatmulConfig, runne
     rows = math.prod(batch) * m
     if rows == 0 or n == 0 or k == 0:
         return torch.zeros((*batch, m, n), dtype=a.dtype, device=a.device)
-    tiles = SPEC.check(problem(a, b), dtype_name(a), config, runner.target)
-    out = runner(forward, a.reshape(rows, k).contiguous(), b.contiguous(), tiles)
+    tiles = SPEC.check(problem(a, b), dtype_name(a), config, runner.target, runner_lnc(runner))
+    out = runner(matmul_kernel[tiles.lnc], a.reshape(rows, k).contiguous(), b.contiguous(), tiles)
     return out.reshape(*batch, m, n)
 
 
@@ -486,7 +481,7 @@ SPEC = register(
             "probe": {"m": 130, "n": 520, "k": 260},  # every config runs here, checked
             "large": {"m": 2048, "n": 2048, "k": 1024},  # budgets bind here (trace-only runs)
         },
-        kernels=(forward,),
+        kernels=(matmul_kernel,),
         autograd=(_setup_context, _backward),
         bad_inputs=_bad_inputs,
         budget_hints={

@@ -47,8 +47,10 @@ from neuron_kernels.kernels.spec import (
     ceil_div,
     dtype_name,
     register,
+    runner_lnc,
     tunable,
 )
+from neuron_kernels.kernels.tiling import core_share, tiled
 
 __all__ = [
     "CASTING_MODES",
@@ -57,11 +59,13 @@ __all__ = [
     "MIN_EPS",
     "SPEC",
     "RmsNormConfig",
+    "RmsNormFwdPlan",
     "RmsNormPlan",
-    "forward",
+    "rms_norm_fwd_kernel",
     "largest_h",
     "plan",
     "reference",
+    "rows_plan",
     "reference_fwd",
 ]
 
@@ -143,8 +147,9 @@ class RmsNormConfig(TunableConfig):
 
 @dataclass(frozen=True)
 class RmsNormPlan(nl.NKIObject):
-    """Tiles, passes and budgets of one RMSNorm (forward or backward) launch, derived once
-    by :func:`plan` (or the backward's plan) from (problem, dtype, config, target)."""
+    """What the RMSNorm forward and backward plans share: row tiles (split over the
+    launch's cores), chunks over H, passes, the resident weight and the budgets. Built by
+    :func:`rows_plan` only; each direction's plan adds its own choices."""
 
     rows: int
     h: int
@@ -155,15 +160,21 @@ class RmsNormPlan(nl.NKIObject):
     n_chunks: int
     two_pass: bool  # x re-read from HBM chunk by chunk (the row tile does not fit)
     weight_broadcast: str  # "dma" or "tensor"
-    weight_fp32: bool  # the resident (offset + w) is fp32 (gemma) or w's dtype
-    statistics: str  # "scalar", "scalar_gpsimd" or "vector" (the backward: "scalar")
-    normalize: str
+    weight_fp32: bool  # the resident (offset + w) is fp32 (gemma, backward) or w's dtype
     matmul_fmax: int  # moving free size of one nc_matmul (PE broadcast / dw reduction)
     bn_fmax: int  # free size of one bn_stats
-    dw_in_psum: bool  # backward: dw accumulates in PSUM across all row tiles
-    product_engine: str  # backward: engine of the dy * w and dy * x products
+    lnc: int  # physical cores of the launch (kernel[lnc])
+    core_tiles: tuple  # per core, its row tiles ((first row, partitions, rows per partition), ...)
     sbuf_bytes: int  # peak SBUF bytes per partition
     psum_banks: int  # PSUM banks held at once
+
+
+@dataclass(frozen=True)
+class RmsNormFwdPlan(RmsNormPlan):
+    """The forward's plan: how the statistics and the normalization run."""
+
+    statistics: str  # "scalar", "scalar_gpsimd" or "vector"
+    normalize: str  # "vector", "scalar" or "vector_gpsimd"
 
 
 def _row_tiles(rows: int, pmax: int, per_partition: int) -> list:
@@ -181,51 +192,70 @@ def _row_tiles(rows: int, pmax: int, per_partition: int) -> list:
     return tiles
 
 
+def rows_plan(plan_type, problem, config, target, lnc, **fields) -> RmsNormPlan:
+    """A ``plan_type`` (an :class:`RmsNormPlan`) with the shared fields derived here once:
+    sizes, chunks, target limits and the row tiles, split over ``lnc`` cores by rows (each
+    row's work is independent; the cores' row counts differ by at most one tile).
+    ``fields`` are the direction's own and the budget fields."""
+    rows, h = problem["rows"], problem["h"]
+    chunk = min(config.h_chunk, h)  # choices are multiples of bn_stats_fmax (512)
+    tiles = _row_tiles(rows, target.pmax, config.rows_per_partition)
+    costs = [p * g for _, p, g in tiles]
+    return plan_type(
+        rows=rows,
+        h=h,
+        casting_mode=problem.get("casting_mode", "llama"),
+        pmax=target.pmax,
+        rows_per_partition=config.rows_per_partition,
+        h_chunk=chunk,
+        n_chunks=ceil_div(h, chunk),
+        weight_broadcast=config.weight_broadcast,
+        matmul_fmax=target.gemm_moving_fmax,
+        bn_fmax=target.bn_stats_fmax,
+        lnc=lnc,
+        core_tiles=tuple(tuple(core_share(tiles, costs, c, lnc)) for c in range(lnc)),
+        **fields,
+    )
+
+
 def _weight_bytes(h: int, chunk: int, item: int, w_item: int, config) -> int:
     """SBUF per partition of the resident (offset + w) and its staging."""
     staged = chunk * item if config.weight_broadcast == "dma" else 2 * chunk * item
     return h * w_item + staged
 
 
-def plan(problem: dict, dtype: str, config: RmsNormConfig, target: Target) -> RmsNormPlan:
-    """The forward tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``.
+def plan(
+    problem: dict, dtype: str, config: RmsNormConfig, target: Target, lnc: int = 1
+) -> RmsNormFwdPlan:
+    """The forward tile plan of ``config`` for ``problem`` in ``dtype`` on ``target``, the
+    rows split over ``lnc`` cores.
 
     One pass when a row tile (x and y, ``rows_per_partition`` rows each) fits beside the
     resident weight, else two passes over H with ``h_chunk``-wide tiles. The largest H
     is what the resident weight leaves of the usable SBUF (see :func:`largest_h`).
     """
-    rows, h, mode = problem["rows"], problem["h"], problem.get("casting_mode", "llama")
+    h, mode = problem["h"], problem.get("casting_mode", "llama")
     item = ITEMSIZE[dtype]
     w_item = 4 if mode == "gemma" else item
-    chunk = min(config.h_chunk, h)  # choices are multiples of bn_stats_fmax (512)
-    n_chunks = ceil_div(h, chunk)
+    chunk = min(config.h_chunk, h)
     g = config.rows_per_partition
     stats = g * 6 * ceil_div(h, target.bn_stats_fmax) if config.statistics == "vector" else g
     small = 4 * (stats + 4 * g + 2)  # statistics, rstd columns, eps
     resident = _weight_bytes(h, chunk, item, w_item, config) + small
     one_pass = resident + 2 * g * h * item  # x tile and y tile
     two_pass = one_pass > target.sbuf_usable_bytes
-    sbuf = resident + 2 * g * chunk * item if two_pass else one_pass
-    banks = 1 if config.weight_broadcast == "tensor" else 0
-    return RmsNormPlan(
-        rows=rows,
-        h=h,
-        casting_mode=mode,
-        pmax=target.pmax,
-        rows_per_partition=g,
-        h_chunk=chunk,
-        n_chunks=n_chunks,
+    return rows_plan(
+        RmsNormFwdPlan,
+        problem,
+        config,
+        target,
+        lnc,
         two_pass=two_pass,
-        weight_broadcast=config.weight_broadcast,
         weight_fp32=w_item == 4,
         statistics=config.statistics,
         normalize=config.normalize,
-        matmul_fmax=target.gemm_moving_fmax,
-        bn_fmax=target.bn_stats_fmax,
-        dw_in_psum=False,
-        product_engine="vector",
-        sbuf_bytes=sbuf,
-        psum_banks=banks,
+        sbuf_bytes=resident + 2 * g * chunk * item if two_pass else one_pass,
+        psum_banks=1 if config.weight_broadcast == "tensor" else 0,
     )
 
 
@@ -257,9 +287,7 @@ def _load_weight(w, offset, plan, p_all, dtype):
     if plan.weight_broadcast == "tensor":
         ones = nl.ndarray((1, p_all), dtype=dtype, buffer=nl.sbuf, name="ones_row")
         nisa.memset(dst=ones, value=1.0)
-    for c in range(plan.n_chunks):
-        c0 = c * chunk
-        cs = min(chunk, h - c0)
+    for c0, cs in tiled(h, chunk):
         if plan.weight_broadcast == "dma":
             staged = nl.ndarray((p_all, cs), dtype=dtype, buffer=nl.sbuf, name="w_staged")
             nisa.dma_copy(dst=staged, src=w_row[0:1, c0 : c0 + cs].broadcast(0, p_all))
@@ -269,8 +297,7 @@ def _load_weight(w, offset, plan, p_all, dtype):
         else:
             row = nl.ndarray((1, cs), dtype=dtype, buffer=nl.sbuf, name="w_row")
             nisa.dma_copy(dst=row, src=w_row[0:1, c0 : c0 + cs])
-            for m0 in range(0, cs, plan.matmul_fmax):
-                ms = min(plan.matmul_fmax, cs - m0)
+            for m0, ms in tiled(cs, plan.matmul_fmax):
                 bc = nl.ndarray((p_all, ms), dtype=nl.float32, buffer=nl.psum, name="w_bcast")
                 nisa.nc_matmul(dst=bc, stationary=ones, moving=row[0:1, m0 : m0 + ms])
                 nisa.tensor_scalar(
@@ -297,8 +324,7 @@ def _sum_squares(x_chunk, stats, j, c0, first, last, plan, junk):
             reduce_cmd=nisa.reduce_cmd.reset_reduce if first else nisa.reduce_cmd.reduce,
         )
     else:
-        for b0 in range(0, cs, plan.bn_fmax):
-            bs = min(plan.bn_fmax, cs - b0)
+        for b0, bs in tiled(cs, plan.bn_fmax):
             slot = (c0 + b0) // plan.bn_fmax * 6
             nisa.bn_stats(dst=stats[0:p, j, slot : slot + 6], data=x_chunk[0:p, b0 : b0 + bs])
 
@@ -394,88 +420,73 @@ def _normalize(y_chunk, x_chunk, rstd_col, w_chunk, plan, chunk_index):
 
 
 @nki.jit
-def forward(x, w, plan, eps, offset):
+def rms_norm_fwd_kernel(x, w, plan, eps, offset):
     """RMSNorm of ``x [N, H]`` with weight ``w [H]`` (same dtype) in HBM.
 
     Returns ``y [N, H]`` (x's dtype) and ``rstd [N]`` (fp32, 1/sqrt(mean(x^2) + eps)).
-    ``plan`` is the :class:`RmsNormPlan`; ``eps`` and ``offset`` are compile-time floats.
+    ``plan`` is the :class:`RmsNormFwdPlan`; ``eps`` and ``offset`` are compile-time floats.
+    Launched as ``rms_norm_fwd_kernel[plan.lnc]``: each physical core normalizes its own row tiles
+    (``plan.core_tiles[nl.program_id(0)]``) and writes only their rows of y and rstd.
     """
     n, h = x.shape
     assert (n, h) == (plan.rows, plan.h), "rms_norm: the plan was made for other shapes"
+    assert nl.num_programs(0) == plan.lnc, "rms_norm: launch rms_norm_fwd_kernel[plan.lnc]"
     y = nl.ndarray((n, h), dtype=x.dtype, buffer=nl.shared_hbm, name="y")
     rstd_out = nl.ndarray((n,), dtype=nl.float32, buffer=nl.shared_hbm, name="rstd")
+    my_tiles = plan.core_tiles[nl.program_id(0)]
+    if len(my_tiles) == 0:  # fewer row tiles than cores: this core has nothing to do
+        return y, rstd_out
     p_all = min(plan.pmax, n)
-    chunk, n_chunks = plan.h_chunk, plan.n_chunks
+    chunks = tiled(h, plan.h_chunk)
+    n_chunks = len(chunks)
     w_eff = _load_weight(w, offset, plan, p_all, x.dtype)
     eps_col = nl.ndarray((p_all, 1), dtype=nl.float32, buffer=nl.sbuf, name="eps")
     nisa.memset(dst=eps_col, value=eps * RSQRT_PRESCALE)  # the scaled bias of _rstd
     slots = (h + plan.bn_fmax - 1) // plan.bn_fmax * 6
 
-    for t, (r0, p, g) in enumerate(_row_tiles(n, plan.pmax, plan.rows_per_partition)):
+    for t, (r0, p, g) in enumerate(my_tiles):
         rows = x[r0 : r0 + p * g, 0:h].reshape((p, g, h))
         y_rows = y[r0 : r0 + p * g, 0:h].reshape((p, g, h))
         if plan.statistics != "vector":
             stats = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="sumsq")
         else:
             stats = nl.ndarray((p, g, slots), dtype=nl.float32, buffer=nl.sbuf, name="bn")
+        # One pass: the row tile is resident and every chunk is a view of it; two passes:
+        # each chunk is loaded (twice: for the statistics, then to normalize).
         if not plan.two_pass:
             xt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="x_tile")
             yt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="y_tile")
             nisa.dma_copy(dst=xt, src=rows)
-            for j in range(g):
-                for c in range(n_chunks):
-                    c0 = c * chunk
-                    cs = min(chunk, h - c0)
-                    _sum_squares(
-                        xt[0:p, j, c0 : c0 + cs],
-                        stats,
-                        j,
-                        c0,
-                        c == 0,
-                        c == n_chunks - 1,
-                        plan,
-                        yt[0:p, j, c0 : c0 + cs],
-                    )
-            rstd, scale = _rstd(stats, eps_col, eps, plan, p, g, x.dtype)
-            for j in range(g):
-                for c in range(n_chunks):
-                    c0 = c * chunk
-                    cs = min(chunk, h - c0)
-                    _normalize(
-                        yt[0:p, j, c0 : c0 + cs],
-                        xt[0:p, j, c0 : c0 + cs],
-                        scale[0:p, j : j + 1],
-                        w_eff[0:p, c0 : c0 + cs],
-                        plan,
-                        (t * g + j) * n_chunks + c,
-                    )
-            nisa.dma_copy(dst=y_rows, src=yt)
-        else:
-            for j in range(g):
-                for c in range(n_chunks):
-                    c0 = c * chunk
-                    cs = min(chunk, h - c0)
+        for j in range(g):
+            for c, (c0, cs) in enumerate(chunks):
+                if plan.two_pass:
                     xc = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="x_chunk")
                     nisa.dma_copy(dst=xc, src=rows[0:p, j, c0 : c0 + cs])
                     junk = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="sq_junk")
-                    _sum_squares(xc, stats, j, c0, c == 0, c == n_chunks - 1, plan, junk)
-            rstd, scale = _rstd(stats, eps_col, eps, plan, p, g, x.dtype)
-            for j in range(g):
-                for c in range(n_chunks):
-                    c0 = c * chunk
-                    cs = min(chunk, h - c0)
+                else:
+                    xc, junk = xt[0:p, j, c0 : c0 + cs], yt[0:p, j, c0 : c0 + cs]
+                _sum_squares(xc, stats, j, c0, c == 0, c == n_chunks - 1, plan, junk)
+        rstd, scale = _rstd(stats, eps_col, eps, plan, p, g, x.dtype)
+        for j in range(g):
+            for c, (c0, cs) in enumerate(chunks):
+                if plan.two_pass:
                     xc = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="x_chunk")
                     nisa.dma_copy(dst=xc, src=rows[0:p, j, c0 : c0 + cs])
                     yc = nl.ndarray((p, cs), dtype=x.dtype, buffer=nl.sbuf, name="y_chunk")
-                    _normalize(
-                        yc,
-                        xc,
-                        scale[0:p, j : j + 1],
-                        w_eff[0:p, c0 : c0 + cs],
-                        plan,
-                        (t * g + j) * n_chunks + c,
-                    )
+                else:
+                    xc, yc = xt[0:p, j, c0 : c0 + cs], yt[0:p, j, c0 : c0 + cs]
+                _normalize(
+                    yc,
+                    xc,
+                    scale[0:p, j : j + 1],
+                    w_eff[0:p, c0 : c0 + cs],
+                    plan,
+                    (t * g + j) * n_chunks + c,
+                )
+                if plan.two_pass:
                     nisa.dma_copy(dst=y_rows[0:p, j, c0 : c0 + cs], src=yc)
+        if not plan.two_pass:
+            nisa.dma_copy(dst=y_rows, src=yt)
         nisa.dma_copy(dst=rstd_out[r0 : r0 + p * g].reshape((p, g)), src=rstd)
     return y, rstd_out
 
@@ -576,11 +587,12 @@ def reference(x, weight, eps=1e-6, offset=0.0, casting_mode="llama", upcast: boo
 # -- launch from torch -----------------------------------------------------------------------
 
 
-def check_h(spec, problem: dict, dtype: str, config, target):
-    """``spec.check``, with an SBUF refusal said in the caller's terms: "H must be <= N for
-    dtype D" (N from :func:`largest_h` at this config), not the plan's internal fields."""
+def check_h(spec, problem: dict, dtype: str, config, target, lnc: int = 1):
+    """``spec.check`` at launch LNC ``lnc``, with an SBUF refusal said in the caller's terms:
+    "H must be <= N for dtype D" (N from :func:`largest_h` at this config), not the plan's
+    internal fields."""
     try:
-        return spec.check(problem, dtype, config, target)
+        return spec.check(problem, dtype, config, target, lnc)
     except LimitError as exc:
         if not exc.arg.startswith("SBUF"):
             raise
@@ -603,10 +615,15 @@ def _run_forward(x, weight, eps, offset, casting_mode, config, runner, spec):
         y, rstd = reference_fwd(x, weight, eps, offset, casting_mode, upcast=True)
         return y.to(x.dtype), rstd.float()
     tiles = check_h(
-        spec, problem(x, weight, eps, offset, casting_mode), dtype_name(x), config, runner.target
+        spec,
+        problem(x, weight, eps, offset, casting_mode),
+        dtype_name(x),
+        config,
+        runner.target,
+        runner_lnc(runner),
     )
     y, rstd = runner(
-        forward,
+        rms_norm_fwd_kernel[tiles.lnc],
         x.reshape(rows, h).contiguous(),
         weight.contiguous(),
         tiles,
@@ -724,7 +741,7 @@ FWD_SPEC = register(
         tolerances=_TOLERANCES,
         make_inputs=make_inputs,
         test_problems=_TEST_PROBLEMS,
-        kernels=(forward,),
+        kernels=(rms_norm_fwd_kernel,),
         autograd=(_setup_context, _backward),
         bad_inputs=lambda: [(a, arg) for a, arg in _bad_inputs()],
         budget_hints=_BUDGET_HINTS,
@@ -744,7 +761,7 @@ SPEC = register(
         tolerances=_TOLERANCES,
         make_inputs=make_inputs,
         test_problems=_TEST_PROBLEMS,
-        kernels=(forward,),
+        kernels=(rms_norm_fwd_kernel,),
         composite=composite,
         bad_inputs=_bad_inputs,
         budget_hints=_BUDGET_HINTS,

@@ -34,9 +34,11 @@ __all__ = [
     "Tolerance",
     "TunableConfig",
     "ceil_div",
+    "check_lnc",
     "dtype_name",
     "get_spec",
     "register",
+    "runner_lnc",
     "shape_parser",
     "tunable",
 ]
@@ -71,10 +73,13 @@ class Runner(Protocol):
     The interpreter runner simulates on CPU, the profiler also keeps the instruction trace,
     the device runner calls the jitted kernel on ``neuron`` tensors. ``target`` is the
     NeuronCore generation the kernel runs on (or is modeled for): the tile plan is derived
-    for it.
+    for it. ``lnc`` is the logical NeuronCore size the op launches at: the op's
+    ``run_kernels`` plans the split for it and launches ``kernel[lnc]`` (NKI 0.6
+    ``nki/api/nki/__init__.py``, ``jit``: the launch's LNC must match the runtime's).
     """
 
     target: Target
+    lnc: int
 
     def __call__(self, kernel, *args, **kwargs) -> Any: ...
 
@@ -85,6 +90,7 @@ class FunctionRunner:
 
     fn: Callable[..., Any]
     target: Target
+    lnc: int = 1
 
     def __call__(self, kernel, *args, **kwargs) -> Any:
         return self.fn(kernel, *args, **kwargs)
@@ -95,8 +101,9 @@ class TilePlan(Protocol):
     ``nl.NKIObject`` dataclass (so the kernel can take it as a compile-time argument)
     carrying whatever else its kernel reads."""
 
-    sbuf_bytes: int  # peak SBUF bytes per partition the kernel holds
-    psum_banks: int  # PSUM banks (2 KiB per partition each) held at once
+    lnc: int  # physical cores the launch splits its work over (kernel[lnc])
+    sbuf_bytes: int  # peak SBUF bytes per partition one core's share holds
+    psum_banks: int  # PSUM banks (2 KiB per partition each) one core holds at once
 
 
 def tunable(default: Any, choices: tuple, why: str) -> Any:
@@ -190,13 +197,15 @@ class OpSpec:
     What the op must declare (its own shapes, tiles, reference and tolerances):
         name: snake_case op name: ``torch.ops.neuron.<name>``, ``perf_results/<target>/<name>.json``.
         config: the op's :class:`TunableConfig` subclass.
-        plan: ``plan(problem, dtype, config, target) -> TilePlan``: the tile plan the kernel
-            runs and the budgets it holds; raises :class:`LimitError` for a config that cannot
+        plan: ``plan(problem, dtype, config, target, lnc) -> TilePlan``: the tile plan the
+            kernel runs at LNC ``lnc`` (each core's share of the work) and the budgets one
+            physical core holds; raises :class:`LimitError` for a config that cannot
             run the problem at all (a missing feature of the target, a bad dtype pairing).
             :meth:`check` adds the SBUF/PSUM capacity comparison, in one place for every op.
         run_kernels: ``run_kernels(*op_args, config, runner)``: runs the NKI kernel(s) for
             op-level torch inputs (any batch layout) through ``runner`` and returns the op's
-            outputs; it derives the plan with ``spec.check(..., runner.target)``. Its type
+            outputs; it derives the plan with ``spec.check(..., runner.target, runner_lnc(runner))``
+            and launches ``kernel[plan.lnc]``. Its type
             hints, minus ``config`` and ``runner``, are the op's schema.
         reference: ``reference(*op_args, upcast=True)``: plain torch; fp64 when ``upcast``,
             the inputs' dtype otherwise (the fast path for non-neuron devices).
@@ -241,8 +250,8 @@ class OpSpec:
         model_slice: ``model_slice(problem) -> (slice_problem, copies)``: set when the
             kernels run ``copies`` independent, identical pieces of ``slice_problem`` one
             after another (attention's (batch, KV head) groups), sharing nothing but the
-            core. The tuner's model backend then traces one piece and multiplies its modeled
-            latency by ``copies`` (dropping only the overlap of one piece's tail with the
+            core. At LNC=1 the tuner's model backend then traces one piece and multiplies its
+            modeled latency by ``copies`` (at LNC > 1 it traces the whole launch) (dropping only the overlap of one piece's tail with the
             next one's head: a slight overestimate, tested in ``tests/autotune``).
         committed_shapes: ``((shape, dtype, what), ...)``: the shapes the shipped
             ``perf_results/`` configs are tuned at (``autotune --committed``), in the op's shape
@@ -288,14 +297,19 @@ class OpSpec:
         """The problem's size dimensions (its int entries), in shape-syntax order."""
         return _size_dims(self.test_problems["probe"])
 
-    def check(self, problem: dict, dtype: str, config: TunableConfig, target) -> TilePlan:
-        """The tile plan for ``problem`` in ``dtype`` with ``config`` on ``target``.
+    def check(
+        self, problem: dict, dtype: str, config: TunableConfig, target, lnc: int = 1
+    ) -> TilePlan:
+        """The tile plan for ``problem`` in ``dtype`` with ``config`` on ``target``, its work
+        split over ``lnc`` physical cores; the SBUF and PSUM budgets are per physical core.
 
         Raises:
-            LimitError: the dtype is not the op's, the config cannot run the problem, or its
-                plan holds more SBUF bytes per partition or PSUM banks than the target has.
+            LimitError: the LNC is not one the target has, the dtype is not the op's, the
+                config cannot run the problem, or its plan holds more SBUF bytes per
+                partition or PSUM banks than one physical core has.
         """
         tg = target_from_name(target)
+        check_lnc(self.name, lnc, tg)
         if dtype not in self.dtypes:
             raise LimitError(
                 self.name, "dtype", f"must be one of {self.dtypes}", dtype, limit=self.dtypes
@@ -303,7 +317,7 @@ class OpSpec:
         for dim in self.dims:
             if not isinstance(problem.get(dim), int) or problem[dim] < 1:
                 raise LimitError(self.name, dim, "must be an int >= 1", problem.get(dim), limit=1)
-        plan = self.plan(problem, dtype, config, tg)
+        plan = self.plan(problem, dtype, config, tg, lnc)
         banks = usable_psum_banks(tg)
         if plan.psum_banks > banks:
             raise LimitError(
@@ -350,6 +364,14 @@ class OpSpec:
             total += math.prod(shape) * torch.empty((), dtype=out_dtype).element_size()
         return total
 
+    def interpreter_bytes(self, args) -> int:
+        """Estimated peak host bytes of running the op's kernels on the interpreter for the
+        op arguments ``args`` (sizes only; see :mod:`neuron_kernels.kernels.footprint`, where
+        each op's instruction estimate and the bytes per instruction live)."""
+        from neuron_kernels.kernels import footprint
+
+        return footprint.interpreter_bytes(self, args)
+
     def mutated_tensors(self, args) -> list:
         """The tensors among ``args`` (``run_kernels``' positional arguments) that the op
         updates in place (its ``mutates`` arguments), flattened."""
@@ -374,12 +396,36 @@ class OpSpec:
         written_back = sum(t.numel() * t.element_size() for t in self.mutated_tensors(args))
         return self._host_bytes(args) + written_back
 
-    def is_valid(self, problem: dict, dtype: str, config: TunableConfig, target) -> bool:
+    def is_valid(
+        self, problem: dict, dtype: str, config: TunableConfig, target, lnc: int = 1
+    ) -> bool:
         try:
-            self.check(problem, dtype, config, target)
+            self.check(problem, dtype, config, target, lnc)
         except LimitError:
             return False
         return True
+
+
+def runner_lnc(runner) -> int:
+    """The LNC ``runner`` launches at: its ``lnc``; a runner that names none (a plain
+    function wrapped by a test, a profiler) launches at LNC=1, as NKI's ``jit`` does."""
+    return getattr(runner, "lnc", 1)
+
+
+def check_lnc(op: str, lnc, target: Target) -> None:
+    """Refuse an LNC ``target`` does not have (trn1: 1; trn2/trn3: 1 or 2).
+
+    Raises:
+        LimitError: ``<op>: lnc must be one of ...``.
+    """
+    if isinstance(lnc, bool) or lnc not in target.lnc_choices:
+        raise LimitError(
+            op,
+            "lnc",
+            f"must be one of {target.lnc_choices} on {target.name}",
+            lnc,
+            limit=target.lnc_choices,
+        )
 
 
 def _size_dims(problem: Mapping[str, Any]) -> tuple[str, ...]:

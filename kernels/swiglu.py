@@ -42,6 +42,7 @@ from neuron_kernels.kernels.spec import (
     TunableConfig,
     dtype_name,
     register,
+    runner_lnc,
     tunable,
 )
 
@@ -119,11 +120,14 @@ class SwigluPlan(nl.NKIObject):
     tail: int
     n_tiles: int
     product_engine: str
+    lnc: int  # physical cores of the launch (kernel[lnc]); instance i takes tiles i, i + lnc, ...
     sbuf_bytes: int
     psum_banks: int
 
 
-def _plan(problem: dict, dtype: str, config: SwigluConfig, target: Target, tiles_held: int):
+def _plan(
+    problem: dict, dtype: str, config: SwigluConfig, target: Target, tiles_held: int, lnc: int
+):
     n = problem["rows"] * problem["cols"]
     pmax, free = target.pmax, config.tile_free
     full = n // (pmax * free)
@@ -139,19 +143,24 @@ def _plan(problem: dict, dtype: str, config: SwigluConfig, target: Target, tiles
         tail=tail,
         n_tiles=full + (rem_free > 0) + (tail > 0),
         product_engine=config.product_engine,
+        lnc=lnc,
         sbuf_bytes=tiles_held * widest * ITEMSIZE[dtype],
         psum_banks=0,
     )
 
 
-def plan(problem: dict, dtype: str, config: SwigluConfig, target: Target) -> SwigluPlan:
+def plan(
+    problem: dict, dtype: str, config: SwigluConfig, target: Target, lnc: int = 1
+) -> SwigluPlan:
     """The forward's plan: it holds three tiles at once (gate, up, silu(gate) * up)."""
-    return _plan(problem, dtype, config, target, 3)
+    return _plan(problem, dtype, config, target, 3, lnc)
 
 
-def plan_bwd(problem: dict, dtype: str, config: SwigluBwdConfig, target: Target) -> SwigluPlan:
+def plan_bwd(
+    problem: dict, dtype: str, config: SwigluBwdConfig, target: Target, lnc: int = 1
+) -> SwigluPlan:
     """The backward's plan: it holds four tiles at once (dout, gate, up, silu(gate))."""
-    return _plan(problem, dtype, config, target, 4)
+    return _plan(problem, dtype, config, target, 4, lnc)
 
 
 # -- the NKI kernels -----------------------------------------------------------------------
@@ -295,8 +304,12 @@ def run_kernels(
     """``silu(gate) * up`` for ``gate``, ``up [..., N]`` on the NKI kernel."""
     if gate.numel() == 0:
         return reference(gate, up, upcast=False)
-    tiles = SPEC.check(problem(gate, up), dtype_name(gate), config, runner.target)
-    out = runner(swiglu_kernel, gate.contiguous().reshape(-1), up.contiguous().reshape(-1), tiles)
+    tiles = SPEC.check(
+        problem(gate, up), dtype_name(gate), config, runner.target, runner_lnc(runner)
+    )
+    out = runner(
+        swiglu_kernel[tiles.lnc], gate.contiguous().reshape(-1), up.contiguous().reshape(-1), tiles
+    )
     return out.reshape(gate.shape)
 
 
@@ -306,9 +319,11 @@ def run_kernels_bwd(
     """``(dgate, dup)`` for ``dout``, ``gate``, ``up [..., N]`` on the NKI kernel."""
     if gate.numel() == 0:
         return reference_bwd(dout, gate, up, upcast=False)
-    tiles = BWD_SPEC.check(problem(gate, up), dtype_name(gate), config, runner.target)
+    tiles = BWD_SPEC.check(
+        problem(gate, up), dtype_name(gate), config, runner.target, runner_lnc(runner)
+    )
     flat = [t.contiguous().reshape(-1) for t in (dout, gate, up)]
-    dgate, dup = runner(swiglu_bwd_kernel, *flat, tiles)
+    dgate, dup = runner(swiglu_bwd_kernel[tiles.lnc], *flat, tiles)
     return dgate.reshape(gate.shape), dup.reshape(up.shape)
 
 

@@ -16,6 +16,9 @@ Sources are paths in aws-neuron/aws-neuron-sdk (snapshot 81ce03ae) unless noted:
   [jit]   nki/api/nki/__init__.py                 jit: kernel[lnc](...), default 1
   [ptu]   torch-neuronx torch_neuronx/csrc/core/utils/PlatformUtils.cpp (public copy
           parmoham-aws/test-repo-parmoham): default logical cores per instance family
+  [tnu]   torch-neuronx torch_neuronx/utils.py (same copy): get_platform_target(),
+          get_logical_neuron_cores(); PlatformUtils.cpp maps each instance type onto a
+          target (inf1 -> inf1, trn1/trn1n/inf2 -> trn1, trn2/trn2n/trn2u -> trn2, trn3 -> trn3)
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ __all__ = [
     "usable_psum_bytes",
     "LNC_ENV",
     "launch_lnc",
+    "PLATFORM_QUERY",
 ]
 
 TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
@@ -45,6 +49,8 @@ PE_TRANSPOSE_DMA_ENV = "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE"
 # [lnc] The runtime groups this many physical cores into one logical core; [jit] a kernel's
 # launch LNC must match it ("Mismatching the two will cause a runtime error").
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+# [tnu] What TorchNeuron compiles for: the node's platform target, as torch-neuronx reports it.
+PLATFORM_QUERY = "torch_neuronx.utils.get_platform_target()"
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,25 @@ class Target:
     def has_dma_transpose(self) -> bool:  # [v3] "DMA transpose"
         return self.nc_version >= 3
 
+    def check_dma_transpose(self, op: str, arg: str, dtype: str, itemsize: int) -> None:
+        """Refuse a DMA transpose this target cannot run: none before NeuronCore-v3, and
+        only of 2-byte elements. [v3] "DMA transpose"; [isa] dma_transpose.
+
+        Raises:
+            LimitError: ``<op>: <arg> must not be 'dma' ...``, naming the target or dtype.
+        """
+        if not self.has_dma_transpose:
+            raise LimitError(
+                op, arg, f"must not be 'dma' on {self.name} (DMA transpose needs trn2+)", "dma"
+            )
+        if itemsize != 2:
+            raise LimitError(
+                op,
+                arg,
+                "must not be 'dma' for a 4-byte dtype (DMA transpose is 2-byte)",
+                f"dma with {dtype}",
+            )
+
     @property
     def has_double_row(self) -> bool:  # FP8 double_row, v3/v4 [isa] nc_matmul
         return self.nc_version >= 3
@@ -195,9 +220,30 @@ def target_from_name(name: str | Target, setting: str = "target") -> Target:
     return TARGETS[key]
 
 
+def _torch_neuronx_platform() -> str | None:
+    """``torch_neuronx.utils.get_platform_target()`` [tnu] when torch-neuronx imports, else None."""
+    try:
+        from torch_neuronx.utils import get_platform_target
+    except ImportError:
+        return None
+    return get_platform_target()
+
+
 def default_target() -> Target:
-    """The target named by NEURON_PLATFORM_TARGET_OVERRIDE, else trn2 (this project's default)."""
-    return target_from_name(os.environ.get(TARGET_ENV) or "trn2", setting=TARGET_ENV)
+    """The target kernels are planned for: ``NEURON_PLATFORM_TARGET_OVERRIDE`` when set, else
+    the platform torch-neuronx reports on a TorchNeuron node [tnu], else trn2.
+
+    Raises:
+        LimitError: one line naming the variable (or the torch-neuronx query) and the value
+            when it is not a target this project supports (torch-neuronx also reports inf1).
+    """
+    override = os.environ.get(TARGET_ENV)
+    if override:
+        return target_from_name(override, setting=TARGET_ENV)
+    platform = _torch_neuronx_platform()
+    if platform is not None:
+        return target_from_name(platform, setting=PLATFORM_QUERY)
+    return TARGETS["trn2"]
 
 
 def usable_psum_banks(target: str | Target) -> int:

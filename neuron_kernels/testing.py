@@ -78,13 +78,17 @@ def assert_within_tolerance(out: torch.Tensor, ref: torch.Tensor, tol, context: 
 
 class InterpreterRunner:
     """A :class:`~neuron_kernels.kernels.spec.Runner` that executes kernels on our interpreter
-    for ``target``, whichever ``nki`` the kernel's module bound at import; keeps each
+    for ``target`` at LNC ``lnc`` (the op splits its work over that many program instances),
+    whichever ``nki`` the kernel's module bound at import; keeps each
     :class:`~neuron_kernels.interpreter.Run` (trace and memory peaks) in ``runs`` when given."""
 
-    def __init__(self, target=None, compute: bool = True, runs: list | None = None) -> None:
+    def __init__(
+        self, target=None, compute: bool = True, runs: list | None = None, lnc: int = 1
+    ) -> None:
         from neuron_kernels.hardware import default_target, target_from_name
 
         self.target = target_from_name(target) if target is not None else default_target()
+        self.lnc = lnc
         self.compute = compute
         self.runs = runs
 
@@ -97,12 +101,18 @@ class InterpreterRunner:
         return result.outputs
 
 
-def interpreter_runner_for(target=None, compute: bool = True, runs: list | None = None):
+def interpreter_runner_for(
+    target=None, compute: bool = True, runs: list | None = None, lnc: int = 1
+):
     """An :class:`InterpreterRunner` for ``target`` (default: the interpreter's default)."""
-    return InterpreterRunner(target, compute=compute, runs=runs)
+    return InterpreterRunner(target, compute=compute, runs=runs, lnc=lnc)
 
 
-def run_kernel(spec, args: tuple, config=None, target=None, runs: list | None = None) -> Any:
-    """``spec.run_kernels`` on the interpreter with ``config`` (default: the op's default)."""
+def run_kernel(
+    spec, args: tuple, config=None, target=None, runs: list | None = None, lnc: int = 1
+) -> Any:
+    """``spec.run_kernels`` on the interpreter with ``config`` (default: the op's default)
+    at LNC ``lnc``."""
     config = config if config is not None else spec.config.default()
-    return spec.run_kernels(*args, config=config, runner=InterpreterRunner(target, runs=runs))
+    runner = InterpreterRunner(target, runs=runs, lnc=lnc)
+    return spec.run_kernels(*args, config=config, runner=runner)

@@ -3,7 +3,8 @@
 One call, :func:`register_op`, makes ``torch.ops.neuron.<name>``: the custom op (schema
 inferred from the type hints of ``spec.run_kernels``), its fake impl (from ``output_shapes``),
 its autograd (``spec.autograd``) and its ``neuron``-device kernel. There is no parallel
-``autograd.Function``.
+``autograd.Function``. On a TorchNeuron node the op is made by ``torch_neuronx.nki_op``
+instead, so ``torch.compile(backend="neuron")`` captures its kernels (see :func:`_nki_op`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,22 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from neuron_kernels.errors import LimitError
-from neuron_kernels.kernels.spec import OpSpec
+from neuron_kernels.kernels import footprint
+from neuron_kernels.kernels.spec import OpSpec, runner_lnc
 from neuron_kernels.torch_ops import neuron_device, routing
 
-__all__ = ["NAMESPACE", "TracedLimitError", "register_op", "op_signature"]
+__all__ = [
+    "NAMESPACE",
+    "TracedLimitError",
+    "register_op",
+    "op_signature",
+    "registered_through_nki_op",
+]
 
 NAMESPACE = "neuron"
 _REGISTERED: dict[str, object] = {}
 _LIBRARIES: list = []  # torch.library.Library objects of composite ops (kept alive)
+_VIA_NKI_OP: set[str] = set()  # ops registered through torch_neuronx.nki_op
 
 
 def _register_composite(spec: OpSpec, sig: inspect.Signature, bind):
@@ -110,19 +119,11 @@ def _validate_traced(spec: OpSpec, args: tuple) -> None:
         raise TracedLimitError.of(exc) from exc
 
 
-def register_op(spec: OpSpec):
-    """Create ``torch.ops.neuron.<spec.name>`` (idempotent)."""
-    if spec.name in _REGISTERED:
-        return _REGISTERED[spec.name]
-    sig = op_signature(spec)
-
-    def bind(args, kwargs) -> tuple:
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return tuple(bound.arguments.values())
-
-    if spec.composite is not None:
-        return _register_composite(spec, sig, bind)
+def _host_op(spec: OpSpec, sig: inspect.Signature, bind, qualname: str):
+    """The op as it is registered without TorchNeuron: a ``torch.library`` custom op whose
+    default impl runs reference math (or the interpreted kernel) for CPU tensors, with a
+    fake impl from ``output_shapes`` and a neuron-device kernel on PrivateUse1 that calls
+    the jitted kernels directly."""
 
     arg_names = list(sig.parameters)
 
@@ -137,29 +138,23 @@ def register_op(spec: OpSpec):
         if routing.kernels_disabled():  # the rollback switch: reference math everywhere
             return spec.reference(*args, upcast=False)
         if device.type == "cpu" and routing.current_cpu_mode() == "interpret":
+            footprint.check_fits(spec, args)  # before the interpreter allocates anything
             runner = routing.cpu_runner()
-            choice = routing.select_config(spec, args, runner.target)
+            choice = routing.select_config(spec, args, runner.target, runner_lnc(runner))
             return spec.run_kernels(*args, config=choice.config, runner=runner)
         return spec.reference(*args, upcast=False)
 
     default_impl.__signature__ = sig
     default_impl.__name__ = spec.name
     default_impl.__doc__ = spec.description
-    op = torch.library.custom_op(
-        f"{NAMESPACE}::{spec.name}", default_impl, mutates_args=tuple(spec.mutates)
-    )
+    op = torch.library.custom_op(qualname, default_impl, mutates_args=tuple(spec.mutates))
 
     def fake_impl(*args, **kwargs):
         args = bind(args, kwargs)
         _validate_traced(spec, args)
         if spec.mutates:  # an in-place op returns nothing
             return None
-        device = _tensors(args)[0].device
-        outs = [
-            torch.empty(shape, dtype=dtype, device=device)
-            for shape, dtype in spec.output_shapes(*args)
-        ]
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return _empty_outputs(spec, args)
 
     op.register_fake(fake_impl)
 
@@ -170,10 +165,93 @@ def register_op(spec: OpSpec):
         if routing.kernels_disabled():  # the rollback switch holds on the neuron device too
             return spec.reference(*args, upcast=False)
         runner = neuron_device.device_runner()
-        choice = routing.select_config(spec, args, runner.target)
+        choice = routing.select_config(spec, args, runner.target, runner_lnc(runner))
         return spec.run_kernels(*args, config=choice.config, runner=runner)
 
     op.register_kernel(neuron_device.device_key(), neuron_impl)
+    return op
+
+
+def _empty_outputs(spec: OpSpec, args):
+    device = _tensors(args)[0].device
+    outs = [
+        torch.empty(shape, dtype=dtype, device=device) for shape, dtype in spec.output_shapes(*args)
+    ]
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _static(value):
+    """``value`` with symbolic sizes (a dynamic-shape trace) specialized to their current
+    ints: a kernel is compiled for one shape, so the trace guards on it. Other values as is."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_static(v) for v in value)
+    if isinstance(value, torch.Tensor) and any(not isinstance(d, int) for d in value.shape):
+        return value.reshape([int(d) for d in value.shape])
+    return value
+
+
+def _nki_op(spec: OpSpec, sig: inspect.Signature, bind, api):
+    """The op on a TorchNeuron node: ``torch_neuronx.nki_op(f"neuron::{name}", body)``.
+
+    The body routes by device. On ``neuron`` tensors (real or fake) it runs the op's kernels,
+    each through the ``wrap_nki(kernel)`` built here once, on the LNC launch grid: traced by
+    ``torch.compile``, each launch is one kernel-wrapper node whose output shapes the
+    wrapper derives itself, so the body is also the op's fake impl, as ``nki_op`` registers
+    it. Any other tensors go to the op as it is registered without TorchNeuron (a private
+    ``neuron::_host_<name>`` op), so CPU tensors run exactly what they run today and fake
+    CPU tensors get its fake impl, never the interpreter.
+    """
+    nki_op, wrap_nki = api
+    host = _host_op(spec, sig, bind, f"{NAMESPACE}::_host_{spec.name}")
+    wrapped = {kernel: wrap_nki(kernel) for kernel in spec.kernels}
+
+    arg_names = list(sig.parameters)
+
+    def body(*args, **kwargs):
+        args = bind(args, kwargs)
+        _check_dense(spec, arg_names, args)
+        if any(isinstance(t, FakeTensor) for t in _tensors(args)):  # traced by torch.compile
+            _validate_traced(spec, args)
+        else:
+            spec.validate(*args)
+        tensors = _tensors(args)
+        if not tensors or not neuron_device.is_neuron(tensors[0]):
+            return host(*args)
+        if routing.kernels_disabled():  # the rollback switch holds on the neuron device too
+            return spec.reference(*args, upcast=False)
+        if not spec.mutates:  # an NKI kernel specializes on shapes: guard on them, statically
+            args = tuple(_static(a) for a in args)
+        runner = neuron_device.wrap_nki_runner(wrapped)
+        choice = routing.select_config(spec, args, runner.target, runner_lnc(runner))
+        return spec.run_kernels(*args, config=choice.config, runner=runner)
+
+    body.__signature__ = sig
+    body.__name__ = spec.name
+    body.__doc__ = spec.description
+    return nki_op(f"{NAMESPACE}::{spec.name}", body, mutates_args=tuple(spec.mutates))
+
+
+def register_op(spec: OpSpec):
+    """Create ``torch.ops.neuron.<spec.name>`` (idempotent): through ``torch_neuronx.nki_op``
+    when TorchNeuron imports and has it, else as a plain ``torch.library`` custom op."""
+    if spec.name in _REGISTERED:
+        return _REGISTERED[spec.name]
+    sig = op_signature(spec)
+
+    def bind(args, kwargs) -> tuple:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+
+    if spec.composite is not None:
+        return _register_composite(spec, sig, bind)
+
+    api = neuron_device.nki_op_api()
+    if api is not None:
+        op = _nki_op(spec, sig, bind, api)
+        _VIA_NKI_OP.add(spec.name)
+    else:
+        op = _host_op(spec, sig, bind, f"{NAMESPACE}::{spec.name}")
 
     if spec.autograd is not None:
         save, backward = spec.autograd
@@ -186,3 +264,8 @@ def register_op(spec: OpSpec):
 
     _REGISTERED[spec.name] = op
     return op
+
+
+def registered_through_nki_op(name: str) -> bool:
+    """True when ``torch.ops.neuron.<name>`` was registered through ``torch_neuronx.nki_op``."""
+    return name in _VIA_NKI_OP

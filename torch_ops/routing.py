@@ -17,7 +17,7 @@ import os
 
 from neuron_kernels.autotune import results
 from neuron_kernels.errors import LimitError
-from neuron_kernels.hardware import default_target, target_from_name
+from neuron_kernels.hardware import default_target, launch_lnc, target_from_name
 from neuron_kernels.kernels.spec import FunctionRunner, dtype_name
 
 __all__ = [
@@ -93,19 +93,22 @@ def interpreter_runner(kernel, *args, **kwargs):
 
 def cpu_runner() -> FunctionRunner:
     """The runner for CPU tensors in ``interpret`` mode, for the interpreter's default target
-    (``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn2). It calls :func:`interpreter_runner`
-    by name at each call, so tests can count the kernels it runs."""
+    (``NEURON_PLATFORM_TARGET_OVERRIDE``, else trn2) at the LNC a launch there would use
+    (:func:`~neuron_kernels.hardware.launch_lnc`: trn2's default is 2). It calls
+    :func:`interpreter_runner` by name at each call, so tests can count the kernels it runs."""
+    target = default_target()
     return FunctionRunner(
-        lambda kernel, *a, **kw: interpreter_runner(kernel, *a, **kw), default_target()
+        lambda kernel, *a, **kw: interpreter_runner(kernel, *a, **kw), target, launch_lnc(target)
     )
 
 
-def select_config(spec, args, target) -> results.ConfigChoice:
-    """The tuned config for this call's problem, dtype and target, else the default (the
-    dtype is the first argument's, or its first tensor's for a tensor-list argument)."""
+def select_config(spec, args, target, lnc: int = 1) -> results.ConfigChoice:
+    """The tuned config for this call's problem, dtype, target and launch LNC, else the
+    default (the dtype is the first argument's, or its first tensor's for a tensor-list
+    argument)."""
     first = args[0]
     if isinstance(first, (list, tuple)) and first:
         first = first[0]
     return results.lookup(
-        spec, spec.problem(*args), dtype_name(first), target_from_name(target).name
+        spec, spec.problem(*args), dtype_name(first), target_from_name(target).name, lnc=lnc
     )

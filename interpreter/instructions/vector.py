@@ -215,6 +215,12 @@ def memset(dst, value, engine=Engine.unknown, name=None):
     ):
         check.fail("value", "must be a compile-time number", repr(value))
     value = nki_number("nisa.memset", "value", value)  # rounded to 32 bits, then range-checked
+    if dtypes.info(dst.dtype).kind == "packed":
+        # "For x4 packed types ... only value=0 is supported" (nki/api/nki/isa memset)
+        if value != 0:
+            check.fail("value", f"must be 0 for the packed dtype {dst.dtype}", value, limit=0)
+        dst._write(np.zeros(dst.shape, dtype=dst._np_dtype()), raw=True)
+        return check.record(eng, [], [dst], name)
     bounds = dtypes.value_range(dst.dtype)
     finite = not isinstance(value, (float, np.floating)) or np.isfinite(value)
     if bounds is not None and finite and not bounds[0] <= value <= bounds[1]:

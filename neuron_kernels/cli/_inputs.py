@@ -8,12 +8,15 @@ import os
 
 from neuron_kernels.cli import UsageError
 from neuron_kernels.errors import LimitError
+from neuron_kernels.kernels.footprint import host_memory_bytes  # shared with the ops' check
 
 __all__ = [
     "DTYPE_ALIASES",
     "HOST_MEMORY_SHARE",
     "op_problem",
+    "LNC_HELP",
     "host_memory_bytes",
+    "lnc",
     "output_path",
     "read_json_file",
     "target",
@@ -90,6 +93,32 @@ def target(flag_value: str | None, flag: str = "--target"):
         raise UsageError(setting, value, exc.rule) from None
 
 
+LNC_HELP = (
+    "logical NeuronCore size of the launch, the cores the kernels split their work over: "
+    "1 or 2 on trn2/trn3, 1 on trn1 (default: NEURON_LOGICAL_NC_CONFIG, else the target's "
+    "default: trn2/trn3 2, trn1 1)"
+)
+
+
+def lnc(flag_value: str | None, tg, flag: str = "--lnc") -> int:
+    """The launch LNC of ``--lnc`` if given (an LNC ``tg`` has: trn1 1; trn2/trn3 1 or 2),
+    else the one a launch on ``tg`` uses (:func:`~neuron_kernels.hardware.launch_lnc`:
+    NEURON_LOGICAL_NC_CONFIG, else torch-neuronx's count, else the target's default); a
+    bad value is refused naming whichever the user set."""
+    from neuron_kernels.hardware import LNC_ENV, launch_lnc
+
+    choices = "|".join(str(c) for c in tg.lnc_choices)
+    if flag_value is None:
+        try:
+            return launch_lnc(tg)
+        except LimitError as exc:
+            raise UsageError(LNC_ENV, os.environ.get(LNC_ENV), exc.rule) from None
+    text = str(flag_value).strip()
+    if not text.isdigit() or int(text) not in tg.lnc_choices:
+        raise UsageError(flag, flag_value, f"must be an LNC {tg.name} has ({choices})")
+    return int(text)
+
+
 def read_json_file(flag: str, path: str, what: str = "a JSON object"):
     """The JSON document at ``path`` (an object), refused naming ``flag`` if it is missing,
     unreadable, not JSON or not an object."""
@@ -123,18 +152,3 @@ def output_path(flag: str, path: str | None) -> str | None:
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise UsageError(flag, path, "exists and is not writable")
     return path
-
-
-def host_memory_bytes() -> int:
-    """Memory this machine can still give (MemAvailable, else physical memory)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62  # unknown: do not refuse

@@ -27,7 +27,8 @@ import os
 import sys
 
 from neuron_kernels.cli import UsageError
-from neuron_kernels.cli._inputs import DTYPE_ALIASES, op_problem, output_path
+from neuron_kernels.cli._inputs import DTYPE_ALIASES, LNC_HELP, op_problem, output_path
+from neuron_kernels.cli._inputs import lnc as read_lnc
 from neuron_kernels.cli._inputs import target as read_target
 
 __all__ = ["add_arguments", "main"]
@@ -52,6 +53,7 @@ def add_arguments(parser) -> None:
         default=None,
         help="trn1|trn2|trn3 (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)",
     )
+    parser.add_argument("--lnc", default=None, help=LNC_HELP + "; part of the tuned config's key")
     parser.add_argument("--trials", default="100", help="trial budget per shape (default 100)")
     parser.add_argument("--timeout", default=None, help="seconds per shape (default: none)")
     parser.add_argument(
@@ -206,7 +208,9 @@ def list_ops() -> str:
     return "\n".join(lines)
 
 
-def _points(args, spec):
+def _points(args, spec, lnc: int = 1):
+    import dataclasses
+
     from neuron_kernels.autotune.objective import make_point
     from neuron_kernels.autotune.shapes import points_for
     from neuron_kernels.errors import LimitError
@@ -216,7 +220,7 @@ def _points(args, spec):
             raise UsageError(
                 "--committed", "", "takes no --shape (it tunes the op's committed shapes)"
             )
-        return points_for(spec)
+        return [dataclasses.replace(p, lnc=lnc) for p in points_for(spec)]
     if not args.shape:
         raise UsageError("--shape", "", f"is required (or --committed) for {spec.name}")
     dtype = DTYPE_ALIASES.get(args.dtype.lower(), args.dtype.removeprefix("torch."))
@@ -226,7 +230,7 @@ def _points(args, spec):
     for text in args.shape:
         op_problem(spec, "--shape", text, dtype)  # the op's own checks and host memory
         try:
-            points.append(make_point(spec, text, dtype))
+            points.append(make_point(spec, text, dtype, lnc))
         except LimitError as exc:
             raise UsageError("--shape", text, exc.rule) from None
     return points
@@ -235,7 +239,7 @@ def _points(args, spec):
 def summary_table(results) -> str:
     width = max([19, *(len(r.point.shape) for r in results)]) + 1  # ':causal' shapes run long
     head = (
-        f"{'shape':<{width}}{'dtype':<10}{'default':>12}{'best':>12}{'speedup':>9}"
+        f"{'shape':<{width}}{'dtype':<10}{'lnc':>4}{'default':>12}{'best':>12}{'speedup':>9}"
         f"{'of floor':>10}{'trials':>8}{'pruned':>8}{'failed':>8}"
     )
     lines = [head]
@@ -245,7 +249,7 @@ def summary_table(results) -> str:
             return f"{v:,.1f}us" if v is not None else "-"
 
         lines.append(
-            f"{r.point.shape:<{width}}{r.point.dtype:<10}{us(r.default_us):>12}{us(r.best_us):>12}"
+            f"{r.point.shape:<{width}}{r.point.dtype:<10}{r.point.lnc:>4}{us(r.default_us):>12}{us(r.best_us):>12}"
             f"{(f'{r.speedup:.2f}x' if r.speedup else '-'):>9}"
             f"{(f'{100 * r.floor_fraction:.1f}%' if r.floor_fraction else '-'):>10}"
             f"{r.trials:>8}{r.pruned:>8}{r.failed:>8}"
@@ -290,7 +294,7 @@ def main(args) -> int:
         spec = get_spec(args.op)
     except LimitError as exc:
         raise UsageError("op", args.op, exc.rule) from None
-    points = _points(args, spec)
+    points = _points(args, spec, read_lnc(args.lnc, target))
     trials = _int("--trials", args.trials, 1)
     jobs = _int("--jobs", args.jobs, 1)
     seed = _int("--seed", args.seed, 0)
@@ -338,12 +342,12 @@ def main(args) -> int:
         raise UsageError("--storage", storage_url, str(exc)) from None
     for p in points:
         try:
-            spec.check(p.problem, p.dtype, spec.config.default(), target.name)
+            spec.check(p.problem, p.dtype, spec.config.default(), target.name, p.lnc)
         except LimitError:
             pass  # the default may not fit a huge shape: it is then a pruned trial
     label = "modeled" if backend == "model" else "hardware"
     print(
-        f"autotune {spec.name} on {target.name}: {len(points)} shape(s), {trials} trials each, "
+        f"autotune {spec.name} on {target.name} at LNC={points[0].lnc}: {len(points)} shape(s), {trials} trials each, "
         f"backend {backend} ({label} latency), sampler {args.sampler}, jobs {jobs}, "
         f"storage {storage_url}"
     )

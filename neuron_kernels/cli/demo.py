@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from neuron_kernels.cli._inputs import LNC_HELP
 from neuron_kernels.testing import copy_args
 
 __all__ = ["SIZES", "TOLERANCE_SCALE", "DemoRun", "add_arguments", "main", "run_checks"]
@@ -39,6 +40,7 @@ class DemoRun:
     target: str
     skipped: str | None = None  # why the run could not run here (then it is no failure)
     of_bound: float = 0.0  # max of |err| / (atol + rtol * |ref|): <= 1 passes
+    lnc: int = 1
 
 
 def _results(spec, args, runner) -> list:
@@ -57,8 +59,11 @@ def _results(spec, args, runner) -> list:
     return list(zip(spec.mutated_tensors(ran), spec.mutated_tensors(ref)))
 
 
-def run_checks(target: str = "trn2", size: str = "small", seed: int = 0) -> list[DemoRun]:
-    """Run every registered op in every dtype on the interpreter for ``target``."""
+def run_checks(
+    target: str = "trn2", size: str = "small", seed: int = 0, lnc: int = 1
+) -> list[DemoRun]:
+    """Run every registered op in every dtype on the interpreter for ``target``, launched
+    at LNC ``lnc``."""
     from neuron_kernels.cost_model.profiler import Profiler
     from neuron_kernels.interpreter.errors import NotImplementedByInterpreter
     from neuron_kernels.kernels import REGISTRY
@@ -69,6 +74,7 @@ def run_checks(target: str = "trn2", size: str = "small", seed: int = 0) -> list
         for dtype in spec.dtypes:
             args = spec.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
             profiler = Profiler(target=target, compute=True)
+            profiler.lnc = lnc  # the LNC the op's run_kernels launches at (spec.runner_lnc)
             tol = spec.tolerances[dtype]
             atol, rtol = tol.atol * TOLERANCE_SCALE, tol.rtol * TOLERANCE_SCALE
             try:
@@ -106,6 +112,7 @@ def run_checks(target: str = "trn2", size: str = "small", seed: int = 0) -> list
                     report.latency_ns / 1e3,
                     target,
                     of_bound=of_bound,
+                    lnc=lnc,
                 )
             )
     return checks
@@ -121,19 +128,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--size", choices=sorted(SIZES), default="small", help="problem size preset (default small)"
     )
     parser.add_argument("--seed", type=int, default=0, help="torch seed of the inputs (default 0)")
+    parser.add_argument("--lnc", default=None, help=LNC_HELP)
 
 
 def main(args: argparse.Namespace) -> int:
     # The interpreter runs the kernels whichever NKI backend they bound at import
     # (neuron_kernels.interpreter.rebind), so the demo works on a Trn node too.
+    from neuron_kernels.cli._inputs import lnc as read_lnc
     from neuron_kernels.cli._inputs import target as read_target
 
-    target = read_target(args.target).name
+    tg = read_target(args.target)
+    target, lnc = tg.name, read_lnc(args.lnc, tg)
     print(
         f"neuron-kernels demo: the library's NKI kernels on the portable interpreter (target {target}, "
-        f"size {args.size}, seed {args.seed}), checked against their fp64 references"
+        f"LNC {lnc}, size {args.size}, seed {args.seed}), checked against their fp64 references"
     )
-    checks = run_checks(target=target, size=args.size, seed=args.seed)
+    checks = run_checks(target=target, size=args.size, seed=args.seed, lnc=lnc)
     w = max([8] + [len(c.op) for c in checks])  # the longest name and problem set the widths
     wp = max([22] + [len(c.problem) for c in checks])
     print(

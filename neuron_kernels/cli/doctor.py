@@ -99,6 +99,53 @@ def _entry_problem(spec, entry: dict, target: str) -> str | None:
     return None
 
 
+# TorchNeuron 2.14 is the line with nki_op/wrap_nki and the neuron compile backend; earlier
+# torch-neuronx releases are the XLA-based line this library's ops cannot use.
+SUPPORTED_TORCH_NEURONX = ((2, 14), (2, 15))
+TORCH_NEURONX_PIN = "torch-neuronx>=2.14,<2.15"
+SMOKE_TEST = "python examples/trn2_smoke.py"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _node(packages: dict, problems: list[str]) -> dict:
+    """The target and LNC kernels launch with on this node, and where each comes from."""
+    from neuron_kernels import hardware
+
+    def source_of_target():
+        if os.environ.get(hardware.TARGET_ENV):
+            return hardware.TARGET_ENV
+        return hardware.PLATFORM_QUERY if packages.get("torch-neuronx") else "default"
+
+    target = _guard(problems, "target", lambda: hardware.default_target().name)
+    lnc = _guard(problems, "LNC", hardware.launch_lnc) if target else None
+    if os.environ.get(hardware.LNC_ENV, "").strip():
+        lnc_source = hardware.LNC_ENV
+    elif packages.get("torch-neuronx"):
+        lnc_source = "torch_neuronx.utils.get_logical_neuron_cores()"
+    else:
+        lnc_source = f"the {target} default"
+    version = packages.get("torch-neuronx")
+    supported = version is None or (
+        SUPPORTED_TORCH_NEURONX[0] <= _release(version) < SUPPORTED_TORCH_NEURONX[1]
+    )
+    return {
+        "target": target,
+        "target_source": source_of_target(),
+        "lnc": lnc,
+        "lnc_source": lnc_source,
+        "torch_neuronx_supported": supported,
+        "torch_neuronx_pin": TORCH_NEURONX_PIN,
+        "smoke_test": SMOKE_TEST,
+    }
+
+
 def _hardware_tuning(problems: list[str]) -> dict:
     """Whether ``autotune --backend hardware`` (and ``calibrate --measure``) can run here,
     and if not the one thing missing (autotune/hw_node.py: a NeuronCore, nki >= 0.6, an
@@ -178,6 +225,7 @@ def _op_rows(state: dict, target: str, problems: list[str]) -> list[dict]:
     import torch
 
     from neuron_kernels.kernels import REGISTRY
+    from neuron_kernels.torch_ops import library
 
     native_blockers = []
     if state["rollback"]["on"]:
@@ -192,8 +240,9 @@ def _op_rows(state: dict, target: str, problems: list[str]) -> list[dict]:
         registered = _guard(
             problems,
             f"dispatch table of neuron::{name}",
-            lambda n=name: torch._C._dispatch_has_kernel_for_dispatch_key(
-                f"neuron::{n}", "PrivateUse1"
+            lambda n=name: (
+                library.registered_through_nki_op(n)
+                or torch._C._dispatch_has_kernel_for_dispatch_key(f"neuron::{n}", "PrivateUse1")
             ),
             False,
         )
@@ -261,6 +310,7 @@ def collect(target_name: str | None = None) -> dict:
             "variable": TARGET_ENV,
             "value": os.environ.get(TARGET_ENV),
         },
+        "node": _node(packages, problems),
         "cpu_mode": cpu_mode,
         "rollback": {
             "variable": routing.DISABLE_ENV,
@@ -349,6 +399,13 @@ def _print(state: dict) -> None:
     print("\nNeuron SDK packages:")
     for dist, ver in state["packages"].items():
         print(f"  {dist:<14} {ver or 'not installed'}")
+    node = state["node"]
+    if not node["torch_neuronx_supported"]:
+        print(
+            f"  torch-neuronx {state['packages']['torch-neuronx']} is unsupported (the older "
+            f"XLA-based line): pip install '{node['torch_neuronx_pin']}' and the torch it pins, "
+            "--extra-index-url https://pip.repos.neuron.amazonaws.com"
+        )
     b = state["backend"]
     what = "AWS's nki package" if b["name"] == "nki" else "our NKI interpreter (no nki package)"
     print(f"\nKernels run on: {what}  [{b['variable']}={b['value'] or 'auto'}]")
@@ -360,6 +417,10 @@ def _print(state: dict) -> None:
     )
     t = state["target"]
     print(f"target: {t['name']}  [{t['variable']}={t['value'] or 'unset'}]")
+    print(
+        f"TorchNeuron target: {node['target'] or 'unsupported'} (from {node['target_source']}); "
+        f"LNC: {node['lnc'] or '?'} (from {node['lnc_source']})"
+    )
     print(f"CPU tensors: {state['cpu_mode']}  [NEURON_KERNELS_CPU]")
     hw = state["hardware_tuning"]
     print(
@@ -376,6 +437,10 @@ def _print(state: dict) -> None:
     status = "ON" if rb["on"] else "off"
     print(f"\nRollback switch {rb['variable']}: {status} (value {rb['value']!r})")
     print(f"  {rb['how']}: {rb['effect']}")
+    print(
+        f"\nOn a Trn2 node, from a checkout: {node['smoke_test']} (every op eager and compiled "
+        "against CPU references, one PASS/FAIL line each)."
+    )
     _print_problems(state)
 
 

@@ -218,7 +218,12 @@ def load_example(folder: Path | None = None):
 
 
 def _kernel_name(kernel) -> str:
-    fn = getattr(kernel, "func", None) or getattr(kernel, "__wrapped__", None) or kernel
+    fn = (  # AWS's jit object (.func), a kernel[lnc] of the interpreter (.fn), a wrapper
+        getattr(kernel, "func", None)
+        or getattr(kernel, "fn", None)
+        or getattr(kernel, "__wrapped__", None)
+        or kernel
+    )
     module = getattr(fn, "__module__", "") or ""
     return f"{module.rsplit('.', 1)[-1]}.{getattr(fn, '__name__', type(kernel).__name__)}"
 

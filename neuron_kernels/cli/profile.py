@@ -16,10 +16,12 @@ import sys
 from neuron_kernels.cli import UsageError
 from neuron_kernels.cli._inputs import (
     DTYPE_ALIASES,
+    LNC_HELP,
     op_problem,
     output_path,
     read_json_file,
 )
+from neuron_kernels.cli._inputs import lnc as read_lnc
 from neuron_kernels.cli._inputs import target as read_target
 
 __all__ = ["add_arguments", "main", "DTYPE_ALIASES"]
@@ -36,6 +38,7 @@ def add_arguments(parser) -> None:
         default=None,
         help="trn1|trn2|trn3 (default: NEURON_PLATFORM_TARGET_OVERRIDE, else trn2)",
     )
+    parser.add_argument("--lnc", default=None, help=LNC_HELP)
     parser.add_argument(
         "--config",
         default=None,
@@ -105,7 +108,7 @@ def read_overrides(args, target) -> dict:
     return out
 
 
-def read_config(spec, text, problem=None, dtype=None, target=None):
+def read_config(spec, text, problem=None, dtype=None, target=None, lnc=1):
     """``--config``: a JSON object, or the path of a file holding one, checked field by field;
     ``default`` the op's default; none given: the config the op itself runs at ``problem``
     (its tuned entry in the user's or the shipped results, else the default). Returns
@@ -115,7 +118,7 @@ def read_config(spec, text, problem=None, dtype=None, target=None):
     if text is None:
         from neuron_kernels.autotune import results
 
-        choice = results.lookup(spec, problem, dtype, target.name)
+        choice = results.lookup(spec, problem, dtype, target.name, lnc=lnc)
         return choice.config, choice.describe()
     if text.strip() == "default":
         return spec.config.default(), "the op's default config (--config default)"
@@ -156,23 +159,25 @@ def main(args) -> int:
 
     spec, problem, dtype = read_op_and_problem(args)
     target = read_target(args.target)
-    config, config_source = read_config(spec, args.config, problem, dtype, target)
+    lnc = read_lnc(args.lnc, target)
+    config, config_source = read_config(spec, args.config, problem, dtype, target, lnc)
     overrides = read_overrides(args, target)
     for flag in ("chrome", "png", "json"):
         output_path(f"--{flag}", getattr(args, flag))
     try:
-        spec.check(problem, dtype, config, target)
+        spec.check(problem, dtype, config, target, lnc)
     except LimitError as exc:
         raise UsageError(
             "--config", json.dumps(config.to_dict()), f"{exc} (at --shape {args.shape})"
         ) from None
     profiler = Profiler(target=target.name, compute=False, **overrides)
+    profiler.lnc = lnc  # the LNC the op's run_kernels launches at (spec.runner_lnc)
     inputs = spec.make_inputs(problem, dtype, measure_generator())
     spec.run_kernels(*inputs, config=config, runner=profiler)
     report = profiler.report()
     print(
         f"op {spec.name}  shape {args.shape}  dtype {dtype}  target {target.name}  "
-        f"config {json.dumps(config.to_dict())}"
+        f"lnc {lnc}  config {json.dumps(config.to_dict())}"
     )
     print(f"config from: {config_source}")
     print(report.text())
@@ -183,6 +188,7 @@ def main(args) -> int:
                 "op": spec.name,
                 "shape": args.shape,
                 "dtype": dtype,
+                "lnc": lnc,
                 "config": config.to_dict(),
                 "config_source": config_source,
             }

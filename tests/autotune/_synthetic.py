@@ -29,14 +29,15 @@ class SyntheticConfig(TunableConfig):
 
 @dataclass(frozen=True)
 class SyntheticPlan:
+    lnc: int
     sbuf_bytes: int
     psum_banks: int
 
 
-def synthetic_plan(problem, dtype, config, target):
+def synthetic_plan(problem, dtype, config, target, lnc=1):
     if config.tile == 8 and config.depth == 3:
         raise LimitError("synthetic", "config depth", "must be < 3 when tile is 8", 3, limit=3)
-    return SyntheticPlan(sbuf_bytes=1024, psum_banks=1)
+    return SyntheticPlan(lnc=lnc, sbuf_bytes=1024, psum_banks=1)
 
 
 def synthetic_latency(config) -> float:
@@ -55,7 +56,7 @@ SPEC = dataclasses.replace(
 )
 
 
-def no_gate(spec, config, dtype, target):
+def no_gate(spec, config, dtype, target, lnc=1):
     return None
 
 

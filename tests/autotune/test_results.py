@@ -287,7 +287,7 @@ def test_kernel_hash_ignores_tolerances_and_docstrings_but_not_code():
     assert results.kernel_hash(loose) == before
 
     def other_run_kernels(a, b, *, config, runner):
-        return runner(matmul.forward, a, b, None)
+        return runner(matmul.matmul_kernel, a, b, None)
 
     changed = dataclasses.replace(SPEC, run_kernels=other_run_kernels)
     assert results.kernel_hash(changed) != before
@@ -373,3 +373,21 @@ def test_a_kill_mid_write_leaves_the_old_file_intact(tmp_path):
     assert [p.name for p in (tmp_path / "trn2").glob("*.json")] == ["matmul.json"]
     results.write_entry(SPEC, other, "trn2", tmp_path)
     assert len(results.load_entries(path, "matmul", "trn2")) == 2
+
+
+def test_the_launch_lnc_is_part_of_the_key_and_old_entries_read_as_lnc1(tmp_path):
+    """An entry without ``lnc`` (every entry shipped before the kernels split) applies at
+    LNC=1 only; an LNC=2 entry applies at LNC=2 only; both live side by side in one file."""
+    results.write_entry(SPEC, _entry(), "trn2", tmp_path)  # no "lnc": tuned at LNC=1
+    results.write_entry(SPEC, _entry(lnc=2, config={**TUNED, "block_m": 4}), "trn2", tmp_path)
+    doc = json.loads((tmp_path / "trn2" / "matmul.json").read_text())
+    assert sorted(results.entry_lnc(e) for e in doc["entries"]) == [1, 2]
+    at1 = results.lookup(SPEC, PROBLEM, "bfloat16", "trn2", tmp_path, lnc=1)
+    at2 = results.lookup(SPEC, PROBLEM, "bfloat16", "trn2", tmp_path, lnc=2)
+    assert at1.config.to_dict() == TUNED and at2.config.block_m == 4
+    assert results.lookup(SPEC, PROBLEM, "bfloat16", "trn1", tmp_path, lnc=2).source == "default"
+
+
+def test_an_entry_with_a_bad_lnc_makes_the_file_unreadable(tmp_path):
+    with pytest.raises(ValueError, match="'lnc' must be >= 1"):
+        results.write_entry(SPEC, _entry(lnc=0), "trn2", tmp_path)

@@ -14,6 +14,7 @@ from neuron_kernels.cli import main
 def isolated(tmp_path, monkeypatch):
     """Studies and results in tmp_path, never the user's cache or the shipped perf_results."""
     monkeypatch.setenv("NEURON_KERNELS_STUDIES", f"sqlite:///{tmp_path / 'studies.db'}")
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)  # trn2: LNC=2 by default
     return tmp_path
 
 
@@ -42,7 +43,7 @@ def test_a_small_run_prints_the_summary_and_merges_the_result(isolated, capsys):
 
     assert main(["autotune", "--table", "--results", str(isolated / "perf")]) == 0
     table = (isolated / "perf" / "trn2" / "README.md").read_text()
-    assert "| matmul | 200x600x300 | bfloat16 | modeled |" in table
+    assert "| matmul | 200x600x300 | bfloat16 | 2 | modeled |" in table  # trn2 launches at LNC=2
 
 
 def test_list_shows_every_tunable_with_its_choices_and_reason(capsys):

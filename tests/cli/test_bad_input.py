@@ -69,7 +69,7 @@ def _files(tmp):
         "bad-kernel-shapes.json": {
             "rows": [
                 {
-                    "kernel": "neuron_kernels.kernels.matmul:forward",
+                    "kernel": "neuron_kernels.kernels.matmul:matmul_kernel",
                     "shapes": [[-1, 2]],
                     "measured_ms": 1,
                 }
@@ -149,6 +149,12 @@ CASES = [
     (["demo"], {"NEURON_PLATFORM_TARGET_OVERRIDE": "gen9"}, "NEURON_PLATFORM_TARGET_OVERRIDE gen9"),
     (["demo", "--seed", "x"], {}, "--seed"),
     (["demo", "--size", "huge"], {}, "--size"),
+    # --lnc: an LNC the target lacks, not a number; the variable when it decides
+    (["demo", "--lnc", "3"], {}, "--lnc 3"),
+    (["demo", "--target", "trn1", "--lnc", "2"], {}, "--lnc 2"),
+    (PROFILE + ["--lnc", "two"], {}, "--lnc two"),
+    (["autotune", "matmul", *S, "--lnc", "0"], {}, "--lnc 0"),
+    (PROFILE, {"NEURON_LOGICAL_NC_CONFIG": "4"}, "NEURON_LOGICAL_NC_CONFIG 4"),
     # calibrate
     (["calibrate", "--rows", "bogus"], {}, "--rows bogus"),
     (["calibrate", "--rows", "A1-tiled", "--write"], {}, "--rows A1-tiled"),

@@ -98,7 +98,7 @@ def test_kernel_path_passes_with_table_and_json(capsys, tmp_path):
     # The pieces the kernel run claims as kernels launched kernels of their op.
     pieces = doc["kernel"]["pieces"]
     assert pieces["projections"]["kernel"] is True
-    assert doc["kernel"]["launches"].get("matmul.forward", 0) > 0
+    assert doc["kernel"]["launches"].get("matmul.matmul_kernel", 0) > 0
     if "flash_attention" in REGISTRY:
         assert pieces["attention"]["kernel"] is True
     assert all(doc["reference"]["pieces"][p]["kernel"] is False for p in pieces)

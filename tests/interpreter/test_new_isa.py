@@ -142,13 +142,3 @@ def test_nonzero_with_count_limits():
         run(nonzero_kernel, (np.zeros((16, 4), np.float32), 0, -1), target="trn1")
     with pytest.raises(NkiValidationError, match="src dtype"):
         run(nonzero_kernel, (np.zeros((16, 4), np.uint8), 0, -1))
-
-
-@pytest.mark.parametrize("api", ["quantize_mx", "nc_matmul_mx"])
-def test_mx_instructions_are_refused_saying_what_the_docs_leave_open(api):
-    """The reason names what the API docs leave open and the public source that fixes it
-    (interpreter/unimplemented.py)."""
-    with pytest.raises(NotImplementedError, match="not written yet") as info:
-        getattr(nisa, api)(*[None] * (3 if api == "quantize_mx" else 5))
-    assert "scale-tile layout" in str(info.value) and api in str(info.value)
-    assert "nki/deep-dives/mxfp-matmul.rst" in str(info.value)

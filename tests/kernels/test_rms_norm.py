@@ -152,9 +152,10 @@ def test_plan_chooses_two_passes_only_when_a_tile_does_not_fit():
     assert not FWD_SPEC.check({"rows": 128, "h": 8192}, "bfloat16", config, "trn2").two_pass
     assert FWD_SPEC.check({"rows": 128, "h": 65536}, "bfloat16", config, "trn2").two_pass
     psum = rms_norm_bwd.RmsNormBwdConfig(dw_reduce="psum")
-    assert BWD_SPEC.check({"rows": 128, "h": 4096}, "bfloat16", psum, "trn2").dw_in_psum
+    # dw sits in one PSUM bank as [128, ceil(H / 128)] fp32 columns: H <= 128 * 512
+    assert BWD_SPEC.check({"rows": 128, "h": 8192}, "bfloat16", psum, "trn2").dw_in_psum
     with pytest.raises(LimitError) as err:
-        BWD_SPEC.check({"rows": 128, "h": 4097}, "bfloat16", psum, "trn2")
+        BWD_SPEC.check({"rows": 128, "h": 128 * 512 + 1}, "bfloat16", psum, "trn2")
     assert err.value.arg == "config dw_reduce"
 
 

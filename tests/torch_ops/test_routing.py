@@ -83,3 +83,19 @@ def test_neuron_kernel_is_registered_on_privateuse1():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_op_runners_launch_at_the_nodes_lnc(monkeypatch):
+    """One place decides a launch's LNC (hardware.launch_lnc): NEURON_LOGICAL_NC_CONFIG when
+    set, else (no torch-neuronx here) the target's default: trn2 2, trn1 1."""
+    from neuron_kernels.hardware import LNC_ENV, TARGET_ENV
+    from neuron_kernels.torch_ops import neuron_device, routing
+
+    monkeypatch.delenv(LNC_ENV, raising=False)
+    monkeypatch.setenv(TARGET_ENV, "trn2")
+    assert routing.cpu_runner().lnc == 2 and neuron_device.device_runner().lnc == 2
+    monkeypatch.setenv(LNC_ENV, "1")
+    assert routing.cpu_runner().lnc == 1 and neuron_device.device_runner().lnc == 1
+    monkeypatch.delenv(LNC_ENV)
+    monkeypatch.setenv(TARGET_ENV, "trn1")
+    assert routing.cpu_runner().lnc == 1
