@@ -653,27 +653,45 @@ class _Deps:
             return b1[5] < b2[6] and b2[5] < b1[6]
         return True
 
-    def ready(self, ins: Instruction, unit: str, same_unit_ok: bool, sync: float):
+    def bounds(self, ins: Instruction):
+        """(``_bounds`` of each read, of each write) of ``ins``: computed once per
+        instruction for both ``ready`` and ``record``."""
+        b = self._bounds
+        return [b(a) for a in ins.reads], [b(a) for a in ins.writes]
+
+    def ready(self, ins: Instruction, unit: str, same_unit_ok: bool, sync: float, bounds=None):
         """(ready time, binding producer index) from RAW/WAR/WAW on the operands."""
+        # The loops test overlap inline (``_overlap(b, other)``, byte range first): the
+        # scans run over every live region of the storage, the hot loop of the schedule.
+        read_bounds, write_bounds = bounds if bounds is not None else self.bounds(ins)
         t, who = 0.0, -1
-        for a in ins.reads:
-            b = self._bounds(a)
-            for wb, (end, wunit, widx) in self.writes[a.storage].items():
-                if self._overlap(b, wb):
-                    e = self._edge(end, wunit, unit, same_unit_ok, sync, raw=True)
+        edge = self._edge
+        for a, b in zip(ins.reads, read_bounds):
+            p0, p1, lo, hi, stride, c0, c1 = b
+            for (q0, q1, qlo, qhi, qs, d0, d1), (end, wunit, widx) in self.writes[
+                a.storage
+            ].items():
+                if lo < qhi and qlo < hi and p0 < q1 and q0 < p1:
+                    if stride and stride == qs and not (c0 < d1 and d0 < c1):
+                        continue
+                    e = edge(end, wunit, unit, same_unit_ok, sync, raw=True)
                     if e > t:
                         t, who = e, widx
-        for a in ins.writes:
-            b = self._bounds(a)
+        for a, b in zip(ins.writes, write_bounds):
+            p0, p1, lo, hi, stride, c0, c1 = b
             st = a.storage
-            for wb, (end, wunit, widx) in self.writes[st].items():
-                if self._overlap(b, wb):
-                    e = self._edge(end, wunit, unit, same_unit_ok, sync, raw=False)
+            for (q0, q1, qlo, qhi, qs, d0, d1), (end, wunit, widx) in self.writes[st].items():
+                if lo < qhi and qlo < hi and p0 < q1 and q0 < p1:
+                    if stride and stride == qs and not (c0 < d1 and d0 < c1):
+                        continue
+                    e = edge(end, wunit, unit, same_unit_ok, sync, raw=False)
                     if e > t:
                         t, who = e, widx
-            for (rb, _), (end, runit, ridx) in self.reads[st].items():
-                if self._overlap(b, rb):
-                    e = self._edge(end, runit, unit, same_unit_ok, sync, raw=False)
+            for ((q0, q1, qlo, qhi, qs, d0, d1), _), (end, runit, ridx) in self.reads[st].items():
+                if lo < qhi and qlo < hi and p0 < q1 and q0 < p1:
+                    if stride and stride == qs and not (c0 < d1 and d0 < c1):
+                        continue
+                    e = edge(end, runit, unit, same_unit_ok, sync, raw=False)
                     if e > t:
                         t, who = e, ridx
         return t, who
@@ -688,9 +706,9 @@ class _Deps:
             return end
         return end + sync
 
-    def record(self, ins: Instruction, unit: str, end: float) -> None:
-        for a in ins.writes:
-            b = self._bounds(a)
+    def record(self, ins: Instruction, unit: str, end: float, bounds=None) -> None:
+        read_bounds, write_bounds = bounds if bounds is not None else self.bounds(ins)
+        for a, b in zip(ins.writes, write_bounds):
             st = a.storage
             w = self.writes[st]
             for ob in [ob for ob in w if self._covers(b, ob)]:
@@ -699,8 +717,7 @@ class _Deps:
             for key in [key for key in r if self._covers(b, key[0])]:
                 del r[key]
             w[b] = (end, unit, ins.index)
-        for a in ins.reads:
-            b = self._bounds(a)
+        for a, b in zip(ins.reads, read_bounds):
             r = self.reads[a.storage]
             key = (b, unit)
             old = r.get(key)
@@ -889,7 +906,8 @@ def model_trace(
         unit = units[idx]
         core = cores[ins.core]
         deps, tl, dma = core.deps, core.tl, core.dma
-        ready, who = deps.ready(ins, unit, same_unit_ok=(unit == "pe"), sync=sync)
+        bounds = deps.bounds(ins)
+        ready, who = deps.ready(ins, unit, (unit == "pe"), sync, bounds)
         for d in ins.depends_on:
             if 0 <= d < idx and end[d] + sync > ready:
                 ready, who = end[d] + sync, d
@@ -984,7 +1002,7 @@ def model_trace(
             core.queue_last[q] = idx
             core.remaining["q:" + q] -= 1
 
-        deps.record(ins, unit, end[idx])
+        deps.record(ins, unit, end[idx], bounds)
         for a in (*ins.reads, *ins.writes):
             if a.on_chip and storage_end.get(a.storage, 0.0) < end[idx]:
                 storage_end[a.storage] = end[idx]

@@ -122,6 +122,9 @@ class Storage:
         "bytes_per_partition",
         "on_chip",
         "views",
+        "geometry",
+        "buffer_value",
+        "accesses",
     )
 
     def __init__(self, uid, shape, dtype, buffer, name, precise_fp, array=None, compute=True):
@@ -138,6 +141,13 @@ class Storage:
         # Elements per partition (on-chip); the partition stride of a fresh view.
         self.partition_elems = math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
         self.bytes_per_partition = self.partition_elems * self.itemsize
+        # Everything a view's bounds check and trace record read from the storage (besides
+        # its identity): the key of the per-geometry caches of __getitem__ and _access.
+        self.geometry = (self.shape, self.itemsize, self.on_chip)
+        self.buffer_value = buffer.value  # MemoryRegion.value is an enum property (slow)
+        # (shape, strides, offset, dtype) -> Access of a view: equal views share one frozen
+        # record. Released with the last view (NkiTensor.__del__).
+        self.accesses = None
         if array is None and compute:
             array = np.full(
                 self.size, dtypes.sentinel(dtype), dtype=dtypes.storage_dtype(dtype, precise_fp)
@@ -188,12 +198,15 @@ class NkiTensor(NKIObject):
     def __del__(self) -> None:
         # A PSUM tile none of whose views is left can never be read or written again: its
         # per-element accumulation state (one byte per element, 64 KiB for a 2 KiB bank of
-        # 128 partitions) is released. The Storage itself stays (liveness, capacity check).
+        # 128 partitions) is released, and (any storage) the Access records of its views.
+        # The Storage itself stays (liveness, capacity check).
         storage = self.__dict__.get("_storage")
         if storage is not None:
             storage.views -= 1
-            if storage.views == 0 and storage.on_chip:
-                storage.psum_state = None
+            if storage.views == 0:
+                storage.accesses = None
+                if storage.on_chip:
+                    storage.psum_state = None
 
     def __copy__(self) -> NkiTensor:
         # Through _init_view, so the copy is counted in Storage.views like any other view.
@@ -524,54 +537,22 @@ class NkiTensor(NKIObject):
         if self._indirect is not None:
             return self._indirect_access()
         st = self._storage
-        shape, strides = self.shape, self.strides
-        item = dtypes.DTYPES[self.dtype].itemsize
-        if st.on_chip:
-            pstart, lo = divmod(self.offset, st.partition_elems * st.itemsize // item)
-            first, partitions = 1, (shape[0] if shape else 1)
-            epp = math.prod(shape[1:])
-        else:
-            pstart, lo = 0, self.offset
-            first, partitions = 0, (shape[0] if len(shape) > 1 else 1)
-            epp = math.prod(shape) // partitions
-        # One pass from the innermost dim: byte extent (size-1 dims add nothing), innermost
-        # stride, and the innermost contiguous run.
-        hi = lo
-        run = expect = inner = 1
-        found = False
-        open_run = True
-        for i in range(len(shape) - 1, first - 1, -1):
-            n = shape[i]
-            if n == 1:
-                continue
-            s = strides[i]
-            if s >= 0:
-                hi += (n - 1) * s
-            else:
-                lo += (n - 1) * s
-            if not found:
-                inner, found = s, True
-            if open_run:
-                if s == expect:
-                    run *= n
-                    expect *= n
-                else:
-                    open_run = False
-        acc = self._acc = Access(
-            storage=st.uid,
-            name=st.name,
-            buffer=st.buffer.value,
-            dtype=self.dtype,
-            shape=shape,
-            itemsize=item,
-            partition_start=pstart,
-            partitions=partitions,
-            elems_per_partition=epp,
-            byte_lo=lo * item,
-            byte_hi=(hi + 1) * item,
-            contiguous_bytes=run * item,
-            inner_stride_bytes=abs(inner) * item,
-        )
+        shape = self.shape
+        cache = st.accesses
+        if cache is None:
+            cache = st.accesses = {}
+        key = (shape, self.strides, self.offset, self.dtype)
+        acc = cache.get(key)
+        if acc is None:
+            geo_key = (*key, st.geometry)
+            geo = _ACCESS_CACHE.get(geo_key)
+            if geo is None:
+                geo = _access_geometry(st, shape, self.strides, self.offset, self.dtype)
+                if len(_ACCESS_CACHE) >= _VIEW_CACHE_MAX:
+                    _ACCESS_CACHE.clear()
+                _ACCESS_CACHE[geo_key] = geo
+            acc = cache[key] = Access(st.uid, st.name, st.buffer_value, self.dtype, shape, *geo)
+        self._acc = acc
         return acc
 
     def _indirect_access(self) -> Access:
@@ -598,7 +579,37 @@ class NkiTensor(NKIObject):
         dim with size 1, and the result keeps at least 2 dims (the last int-indexed free dim
         stays with size 1); HBM results keep at least 1 dim; out-of-range bounds are errors,
         not clamped; steps must be >= 1 and the partition dim cannot be strided.
+
+        A kernel re-slices the same tile shapes in every loop iteration, so the resulting
+        (shape, strides, offset) of an index whose parts are plain ints/slices/``nl.ds`` is
+        cached by everything the indexing and its bounds check read (this view's pattern and
+        dtype, the storage's geometry): a hit is an index that passed every check before
+        with identical inputs. Errors are never cached (they re-run the checks).
         """
+        index_key = _index_key(key) if self._indirect is None else None
+        if index_key is not None:
+            st = self._storage
+            cache_key = (index_key, self.shape, self.strides, self.offset, self.dtype, st.geometry)
+            hit = _VIEW_CACHE.get(cache_key)
+            if hit is not None:
+                view = NkiTensor.__new__(NkiTensor)
+                view._storage = st
+                st.views += 1
+                view.shape, view.strides, view.offset = hit
+                view.dtype = self.dtype or st.dtype
+                view.name = self.name or st.name
+                view._acc = None
+                view._indirect = None
+                return view
+            view = self._index(key)
+            if len(_VIEW_CACHE) >= _VIEW_CACHE_MAX:
+                _VIEW_CACHE.clear()
+            _VIEW_CACHE[cache_key] = (view.shape, view.strides, view.offset)
+            return view
+        return self._index(key)
+
+    def _index(self, key) -> NkiTensor:
+        """``__getitem__`` without the cache: every check."""
         api = "NkiTensor.__getitem__"
         if not isinstance(key, tuple):
             key = (key,)
@@ -1225,6 +1236,95 @@ class NkiTensor(NKIObject):
 
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+# NkiTensor.__getitem__'s cache: (index, shape, strides, offset, dtype, storage geometry) ->
+# the view's (shape, strides, offset). Bounded: cleared when full.
+_VIEW_CACHE: dict = {}
+_VIEW_CACHE_MAX = 1 << 16
+
+
+# NkiTensor._access's cache: (shape, strides, offset, dtype, storage geometry) -> the
+# storage-independent fields of the Access (itemsize .. inner_stride_bytes).
+_ACCESS_CACHE: dict = {}
+
+
+def _access_geometry(st, shape, strides, offset, dtype) -> tuple:
+    """Access fields ``itemsize`` .. ``inner_stride_bytes`` of a view (in field order)."""
+    item = dtypes.DTYPES[dtype].itemsize
+    if st.on_chip:
+        pstart, lo = divmod(offset, st.partition_elems * st.itemsize // item)
+        first, partitions = 1, (shape[0] if shape else 1)
+        epp = math.prod(shape[1:])
+    else:
+        pstart, lo = 0, offset
+        first, partitions = 0, (shape[0] if len(shape) > 1 else 1)
+        epp = math.prod(shape) // partitions
+    # One pass from the innermost dim: byte extent (size-1 dims add nothing), innermost
+    # stride, and the innermost contiguous run.
+    hi = lo
+    run = expect = inner = 1
+    found = False
+    open_run = True
+    for i in range(len(shape) - 1, first - 1, -1):
+        n = shape[i]
+        if n == 1:
+            continue
+        s = strides[i]
+        if s >= 0:
+            hi += (n - 1) * s
+        else:
+            lo += (n - 1) * s
+        if not found:
+            inner, found = s, True
+        if open_run:
+            if s == expect:
+                run *= n
+                expect *= n
+            else:
+                open_run = False
+    return (
+        item,
+        pstart,
+        partitions,
+        epp,
+        lo * item,
+        (hi + 1) * item,
+        run * item,
+        abs(inner) * item,
+    )
+
+
+def _index_key(key):
+    """A hashable, type-exact form of an index made only of plain ``int`` / ``slice`` of
+    ``int``/None / ``nl.ds`` of ``int`` / Ellipsis, else None (not cached: bools, NumPy
+    ints, tensors and anything invalid take the checked path)."""
+    if type(key) is not tuple:
+        key = (key,)
+    out = []
+    for k in key:
+        t = type(k)
+        if t is slice:
+            a, b, c = k.start, k.stop, k.step
+            if (
+                (a is None or type(a) is int)
+                and (b is None or type(b) is int)
+                and (c is None or type(c) is int)
+            ):
+                out.append((a, b, c))
+            else:
+                return None
+        elif t is int or k is Ellipsis:
+            out.append(k)
+        elif t is DynamicSlice:
+            a, b = k.start, k.size
+            if type(a) is int and type(b) is int:
+                out.append((a, b))
+            else:
+                return None
+        else:
+            return None
+    return tuple(out)
 
 
 def _int(api, what, x) -> int:
