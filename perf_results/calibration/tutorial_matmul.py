@@ -139,7 +139,9 @@ def matmul_block_free(lhsT, rhs, tiles_m=2, tiles_n=2, reload_rhs=False):
         for n in range(N // (TILE_N * tiles_n)):
             rhs_tiles = None
             if not reload_rhs:
-                rhs_tiles = [_load_rhs_column(rhs, n_k, n * tiles_n + bn) for bn in range(tiles_n)]
+                rhs_tiles = []  # a loop, not a comprehension: the NKI language has none
+                for bn in range(tiles_n):
+                    rhs_tiles.append(_load_rhs_column(rhs, n_k, n * tiles_n + bn))
             for bm in range(tiles_m):
                 for bn in range(tiles_n):
                     rhs_col = (
