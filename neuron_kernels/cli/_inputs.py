@@ -8,7 +8,6 @@ import os
 
 from neuron_kernels.cli import UsageError
 from neuron_kernels.errors import LimitError
-from neuron_kernels.kernels.footprint import host_memory_bytes  # shared with the ops' check
 
 __all__ = [
     "DTYPE_ALIASES",
@@ -34,6 +33,15 @@ DTYPE_ALIASES = {
 # A run builds the op's inputs in host memory; more than this share of what is available is
 # refused before anything is allocated (the rest is for the interpreter's own buffers).
 HOST_MEMORY_SHARE = 0.5
+
+
+def host_memory_bytes() -> int:
+    """The memory available now (``kernels.footprint.host_memory_bytes``, shared with the
+    ops' interpret-mode check), imported at the call: importing the kernels loads the NKI
+    backend, which ``doctor`` must survive when ``NEURON_KERNELS_NKI`` is broken."""
+    from neuron_kernels.kernels.footprint import host_memory_bytes as available
+
+    return available()
 
 
 def op_problem(spec, setting: str, text: str, dtype: str) -> dict:
