@@ -83,6 +83,7 @@ def test_without_config_it_profiles_the_config_the_op_runs(tmp_path, monkeypatch
     entry = {
         "shape_bucket": spec.shape_bucket(problem),
         "dtype": "bfloat16",
+        "lnc": 2,  # the launch LNC profile runs at here (--lnc 2 below)
         "kernel_hash": results.kernel_hash(spec),
         "model_version": results.COST_MODEL_VERSION,
         "source": "modeled",
@@ -90,10 +91,13 @@ def test_without_config_it_profiles_the_config_the_op_runs(tmp_path, monkeypatch
         "metric": {"latency_us": 1.0},
     }
     results.write_entry(spec, entry, "trn2", tmp_path)
-    assert main(["profile", "matmul", "--shape", "512x512x512"]) == 0
+    assert main(["profile", "matmul", "--shape", "512x512x512", "--lnc", "2"]) == 0
     out = capsys.readouterr().out
     assert f"config {json.dumps(tuned)}" in out and "config from: the user modeled entry" in out
-    assert main(["profile", "matmul", "--shape", "512x512x512", "--config", "default"]) == 0
+    assert (
+        main(["profile", "matmul", "--shape", "512x512x512", "--lnc", "2", "--config", "default"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"config {json.dumps(spec.config.default().to_dict())}" in out
     assert "config from: the op's default config" in out
