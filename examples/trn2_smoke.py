@@ -147,7 +147,7 @@ def check_hardware_tuning(nrtpy_python: str | None, shape: str, workdir: Path) -
     )
     if found.best_us is None:
         return False, f"the trial did not complete ({found.failed} failed, {found.pruned} pruned)"
-    choice = results.lookup(spec, point.problem, "bfloat16", "trn2", root)
+    choice = results.lookup(spec, point.problem, "bfloat16", "trn2", root, lnc=backend.lnc)
     if choice.source != "hardware":
         return False, f"the op's lookup returned a {choice.source} config, not the hardware entry"
     hw = choice.entry.get("hardware", {})

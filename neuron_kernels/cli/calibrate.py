@@ -185,6 +185,13 @@ def _measure(args, say) -> int:
         )
     except BackendUnavailable as exc:
         raise UsageError("--measure", args.measure, str(exc)) from None
+    if backend.lnc != 1:  # the published tutorial kernels do not split by nl.program_id
+        raise UsageError(
+            "--measure",
+            args.measure,
+            "the calibration kernels run on one physical core: launch at LNC=1 "
+            f"(NEURON_LOGICAL_NC_CONFIG=1; this node launches at LNC={backend.lnc})",
+        )
     doc, failures = calibration.measure_on_hardware(backend, row_ids, shape, progress=say)
     if doc["rows"]:
         with open(args.measure, "w") as f:

@@ -374,10 +374,14 @@ def test_measure_worker_runs_in_an_environment_without_neuron_kernels(tmp_path):
     assert json.loads(done.stdout)["nrtpy"] is None
 
 
-def test_calibrate_measure_writes_the_file_fit_reads(node, tmp_path, capsys):
+def test_calibrate_measure_writes_the_file_fit_reads(node, tmp_path, capsys, monkeypatch):
     from neuron_kernels.cli import calibration, main
 
     out = tmp_path / "mine.json"
+    # at the node's default LNC=2 the single-core tutorial kernels would race: refused first
+    assert main(["calibrate", "--measure", str(out), "--nrtpy-python", sys.executable]) == 2
+    assert "launch at LNC=1" in capsys.readouterr().err
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
     code = main(
         [
             "calibrate",
@@ -397,7 +401,7 @@ def test_calibrate_measure_writes_the_file_fit_reads(node, tmp_path, capsys):
     assert code == 0, printed
     doc = calibration.load_measurements(out, "--fit")  # what --fit reads, checked row by row
     (row,) = doc["rows"]
-    assert doc["target"] == "trn2" and doc["instance_type"] == "trn2.48xlarge" and doc["lnc"] == 2
+    assert doc["target"] == "trn2" and doc["instance_type"] == "trn2.48xlarge" and doc["lnc"] == 1
     assert row["id"] == "A1-tiled" and row["shapes"] == [[256, 128], [256, 512]]
     assert row["kernel"].endswith("tutorial_matmul:matmul_tiled") and row["measured_ms"] > 0
     code = main(["calibrate", "--fit", str(out), "--params", "dma_core_gbps", "--iterations", "2"])
