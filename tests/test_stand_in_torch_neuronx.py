@@ -247,9 +247,7 @@ print("ok", len(launches))
 """
 
 
-@pytest.mark.parametrize(
-    "lnc", [1, 2]
-)
+@pytest.mark.parametrize("lnc", [1, 2])
 def test_llama_block_compiles_on_the_neuron_backend(lnc):
     out = _ok(_run(LLAMA_SCRIPT, paths=(EXAMPLES,), NEURON_LOGICAL_NC_CONFIG=str(lnc)))
     assert out.startswith("ok"), out
