@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 import types
 from typing import Any
 
 from neuron_kernels.interpreter.errors import NkiValidationError
 
-__all__ = ["NKIObject", "class_attributes", "rebuilt_argument"]
+__all__ = ["NKIObject", "class_attributes", "nki_object_bases", "rebuilt_argument"]
 
 GUIDE = "nki/get-started/nki-language-guide.rst"
 _ONLY_NKIOBJECT = (
@@ -79,6 +80,17 @@ class NKIObject:
 
     def __post_init__(self) -> None:
         """The guide's default ``__post_init__``: nothing."""
+
+
+def nki_object_bases() -> tuple[type, ...]:
+    """The ``NKIObject`` classes a kernel's classes may derive from: ours, and AWS's
+    ``nki.language.NKIObject`` when that package is loaded (the kernels then define their
+    plans against it, and our interpreter still models them)."""
+    language = sys.modules.get("nki.language")
+    official = getattr(language, "NKIObject", None)
+    if isinstance(official, type) and official is not NKIObject:
+        return (NKIObject, official)
+    return (NKIObject,)
 
 
 def _skipped_attribute(name: str, value: Any) -> bool:

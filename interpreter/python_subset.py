@@ -355,8 +355,9 @@ def _reached_from(fn: types.FunctionType) -> tuple[Any, ...]:
 
 def _argument_roots(values) -> Iterator[Any]:
     """Functions, classes and NKIObject classes among the kernel's arguments."""
-    from neuron_kernels.interpreter.tensor import NKIObject
+    from neuron_kernels.interpreter.classes import nki_object_bases
 
+    bases = nki_object_bases()
     for value in values:
         if isinstance(value, (tuple, list)):
             yield from _argument_roots(value)
@@ -364,15 +365,16 @@ def _argument_roots(values) -> Iterator[Any]:
             yield from _argument_roots(value.values())
         elif isinstance(value, types.FunctionType) and _is_user_code(value):
             yield value
-        elif isinstance(value, NKIObject) and _is_user_code(type(value)):
+        elif isinstance(value, bases) and _is_user_code(type(value)):
             yield type(value)
 
 
 def violations(fn: types.FunctionType, arguments=()) -> list[_Violation]:
     """Every construct outside the subset in ``fn`` and the functions it reaches, and every
     class it reaches that does not derive from NKIObject alone."""
-    from neuron_kernels.interpreter.classes import NKIObject
+    from neuron_kernels.interpreter.classes import nki_object_bases
 
+    bases = nki_object_bases()
     todo: list[Any] = [fn, *_argument_roots(arguments)]
     done: set[int] = set()
     out: list[_Violation] = []
@@ -387,9 +389,9 @@ def violations(fn: types.FunctionType, arguments=()) -> list[_Violation]:
             other = [
                 b.__qualname__
                 for b in obj.__mro__[1:]
-                if b is not object and not issubclass(b, NKIObject) and b.__module__ != "typing"
+                if b is not object and not issubclass(b, bases) and b.__module__ != "typing"
             ]
-            if not issubclass(obj, NKIObject) or other:
+            if not issubclass(obj, bases) or other:
                 where = f"{obj.__qualname__} ({obj.__module__})"
                 what = f"a class with other bases than NKIObject ({', '.join(other) or 'none'})"
                 out.append(_Violation(what, where, _CLASSES))

@@ -236,6 +236,11 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target, lnc: in
         tuple(tuple(share[w : w + n]) for w, n in tiled(len(share), k)) for share in shares
     )
     most = max(len(share) for share in shares)
+    if not problem.get("sizes"):
+        # The budget check: real sizes (<= numel) can leave one core more chunks than the
+        # even split gives (core_share balances elements, not chunks), so budget for the
+        # most any core could get.
+        most = len(work)
     cols = min(config.tile_free, max(1, max(sizes) // pmax))
     grad_dtype = problem.get("grad_dtype", dtype)
     chunk = _chunk_bytes(cols, dtype, grad_dtype, amsgrad)

@@ -194,7 +194,7 @@ def test_cli_demo_other_target_and_bad_option(tmp_path):
 def test_demo_returns_nonzero_on_a_mismatch(monkeypatch, capsys):
     """With an impossible tolerance the matmul check fails and main says so."""
     monkeypatch.setattr(demo, "TOLERANCE_SCALE", 0.0)
-    args = argparse.Namespace(target="trn2", size="small", seed=0)
+    args = argparse.Namespace(target="trn2", size="small", seed=0, lnc=None)
     assert demo.main(args) == 1
     out = capsys.readouterr().out
     failed = out.splitlines()[-2]

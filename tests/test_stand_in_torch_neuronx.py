@@ -264,9 +264,9 @@ from neuron_kernels.errors import LimitError
 
 a, b = torch.randn(128, 256), torch.randn(256, 64)
 plan = matmul.SPEC.check(matmul.problem(a, b), "float32", matmul.SPEC.config.default(), default_target())
-kernel = wrap_nki(matmul.forward)
+kernel = wrap_nki(matmul.matmul_kernel)
 for i, launch in enumerate((kernel[(1,)], kernel)):  # kernel[1], no brackets (LNC=1), at LNC=2
-    with pytest.raises(nki_hop.LncMismatch, match="EVRF066: NKI kernel 'forward' is configured with LNC=1, but neuronx-cc is using LNC=2"):
+    with pytest.raises(nki_hop.LncMismatch, match="EVRF066: NKI kernel 'matmul_kernel' is configured with LNC=1, but neuronx-cc is using LNC=2"):
         launch(a, b, plan)
 
     @nki_op(f"test::mm{i}", mutates_args=())
@@ -446,7 +446,7 @@ def test_a_compiled_fused_adamw_step_on_the_neuron_branch_fails_loudly():
     """Until item 2 lands, the step must refuse, never leave the parameters as they were."""
     result = _run(ADAMW_SCRIPT)
     assert result.returncode == 3, result.stdout + result.stderr[-3000:]
-    assert "refused: fused_adamw: params must be a tensor or a constant" in result.stdout
+    assert "refused: fused_adamw_kernel: params must be a tensor or a constant" in result.stdout
 
 
 @pytest.mark.xfail(strict=True, reason=ITEM_2)
