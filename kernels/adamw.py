@@ -908,7 +908,8 @@ def run_kernels(
     if stochastic_rounding_seed is not None:  # keyed by position in the op's lists
         keys = rounding_keys(stochastic_rounding_seed, state_steps, device)[live]
     dtype = dtype_name(params[live[0]])
-    work = launches([params[i].numel() for i in live], config, runner.target.pmax)
+    # int(): a dynamic-shape trace specializes on the sizes (a kernel is built for its shapes)
+    work = launches([int(params[i].numel()) for i in live], config, runner.target.pmax)
     plans = []
     for launch in work:
         sizes = tuple(s.length for s in launch.segments)
