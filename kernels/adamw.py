@@ -293,8 +293,7 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target, lnc: in
     ``problem`` gives ``tensors`` and ``numel`` (the largest tensor) and, for a real
     launch, ``rows`` and ``cols`` (its :class:`Launch`). Without them (the budget check) it
     plans the worst launch the op can make of ``tensors`` tensors of up to ``numel``
-    elements: rows of ``tile_free`` when a tensor fills a chunk, else of
-    :func:`row_width`, every row on one core. Budget: ``in_flight + 1`` chunks' tiles (the
+    elements: the widest rows :func:`launches` can give them, every chunk on one core. Budget: ``in_flight + 1`` chunks' tiles (the
     interleaved ones and the next one loading) with their coefficient rows.
     """
     pmax = target.pmax
@@ -303,10 +302,9 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target, lnc: in
         rows, cols = problem["rows"], problem["cols"]
     else:
         numel, n = max(1, problem["numel"]), max(1, problem["tensors"])
-        if numel >= pmax * config.tile_free:
-            cols = config.tile_free
-        else:
-            cols = row_width((numel,) * n, config.tile_free)
+        cols = config.tile_free  # the widest rows any launch of tensors <= numel can get:
+        while cols > 1 and cols * 8 > numel * 9:  # row_width pads at most 1/8 more
+            cols //= 2
         rows = n * -(-numel // cols)
     work = tiled(rows, pmax)
     k = config.in_flight

@@ -437,3 +437,17 @@ def test_bf16_found_inf_under_nki_precise_fp_0_is_one_error_and_changes_nothing(
         torch.ops.neuron.fused_adamw_(*ran)
     for before, after in zip(_updated(args), _updated(ran)):
         assert torch.equal(before, after)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 3 * 128 * 64), min_size=1, max_size=8),
+    tile=st.sampled_from([64, 512]),
+)
+def test_the_budget_check_covers_every_launch_the_op_makes(sizes, tile):
+    """A config the budget check accepts for (tensors, numel) fits every launch the op makes
+    of tensors up to numel: no launch's rows are wider than the check's."""
+    config = adamw.AdamwConfig(tile_free=tile)
+    worst = SPEC.check({"tensors": len(sizes), "numel": max(sizes)}, "float32", config, "trn2")
+    for launch in adamw.launches(sizes, config, 128):
+        assert launch.cols <= worst.cols
