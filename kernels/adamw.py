@@ -147,8 +147,9 @@ class AdamwConfig(TunableConfig):
             engine idle while the others finish their part of the chain; k chunks give
             each engine k independent instructions per step (and hold k + 1 chunks'
             tiles: k computing, one loading).
-        tensors_per_launch: tensors one launch updates (more: fewer launches; fewer: a
-            smaller unrolled kernel to compile).
+        tensors_per_launch: segments one packed launch updates (small tensors and large
+            tensors' tails; more: fewer launches; fewer: a smaller unrolled kernel to
+            compile). A large tensor's whole rows are always a launch of their own.
         engines: who runs the elementwise chain. "vector": VectorE alone (sqrt and
             reciprocal as ALU ops); "vector_scalar": ScalarE takes every one-input scaling
             and the sqrt, VectorE the two-tile ops; "spread": as vector_scalar, with GpSimdE
@@ -160,22 +161,26 @@ class AdamwConfig(TunableConfig):
     tile_free: int = tunable(
         2048,
         (512, 1024, 2048, 4096),
-        "modeled: Llama-3-8B layer mix, spread, 2 in flight: 91.0% of the DMA floor at 2048 "
-        "vs 83.8% at 1024 (a DMA engine's fixed cost per 32 KiB); 4096 fits only 1 in flight",
+        "modeled (trn2, LNC=1): Llama-3-8B layer mix, spread, 2 in flight: 88.2% of the DMA "
+        "floor at 2048 vs 81.1% at 1024 (a DMA engine's fixed cost per 32 KiB); 4096 fits "
+        "only 1 in flight (80.5%)",
     )
     in_flight: int = tunable(
         2,
         (1, 2, 3, 4),
-        "modeled: 1 chunk at a time reaches 65.9% of the DMA floor, 2 reach 91.0%, 3 gain nothing",
+        "modeled (trn2, LNC=1): 1 chunk at a time reaches 74.1% of the DMA floor, 2 reach "
+        "88.2%, 3 gain 0.2 points for another chunk of SBUF",
     )
     tensors_per_launch: int = tunable(
-        64, (8, 64, 256), "modeled: one launch for a transformer layer's tensors"
+        64,
+        (8, 64, 256),
+        "small tensors and large ones' tails packed into one launch per layer's worth",
     )
     engines: str = tunable(
         "spread",
         ENGINE_CHOICES,
-        "modeled: DMA-bound at 91.0% of the floor; vector_scalar binds on VectorE at 78.0%, "
-        "vector at 48.4%",
+        "modeled (trn2, LNC=1): DMA-bound at 88.2% of the floor; vector_scalar binds on "
+        "VectorE at 76.6%, vector at 47.9%",
     )
 
 
