@@ -174,7 +174,8 @@ class AdamwConfig(TunableConfig):
     tensors_per_launch: int = tunable(
         64,
         (8, 64, 256),
-        "small tensors and large ones' tails packed into one launch per layer's worth",
+        "modeled: a layer's small tensors and large tensors' tails share one packed launch "
+        "(64 tensors of 300 fp32 elements: 18.9 us, trn2 LNC=1)",
     )
     engines: str = tunable(
         "spread",
