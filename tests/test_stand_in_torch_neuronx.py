@@ -11,7 +11,9 @@ double's ``neuron`` backend (AOTAutograd that refuses any node that is neither A
 kernel wrapper, as the real torch-mlir lowering has no rule for a bare ``neuron::*`` op or
 ``auto_functionalized``) the Llama block compiles with ``fullgraph=True``, forward and
 backward, holds one kernel-wrapper node per kernel launch and none of the ops' reference
-math, and matches eager; every launch carries the LNC grid and a mismatched one fails with
+math, and matches eager; a compiled ``FusedAdamW`` step is kernel-wrapper nodes whose results
+are copied into its inputs, and changes the params as eager (an optimizer step never
+silently does nothing); every launch carries the LNC grid and a mismatched one fails with
 EVRF066's message; the target and LNC come from torch-neuronx's queries; the contract suite
 passes with torch-neuronx importable.
 
