@@ -161,14 +161,14 @@ class AdamwConfig(TunableConfig):
     tile_free: int = tunable(
         2048,
         (512, 1024, 2048, 4096),
-        "modeled (trn2, LNC=1): Llama-3-8B layer mix, spread, 2 in flight: 88.2% of the DMA "
+        "modeled: trn2 LNC=1, Llama-3-8B layer mix, spread, 2 in flight: 88.2% of the DMA "
         "floor at 2048 vs 81.1% at 1024 (a DMA engine's fixed cost per 32 KiB); 4096 fits "
         "only 1 in flight (80.5%)",
     )
     in_flight: int = tunable(
         2,
         (1, 2, 3, 4),
-        "modeled (trn2, LNC=1): 1 chunk at a time reaches 74.1% of the DMA floor, 2 reach "
+        "modeled: trn2 LNC=1, 1 chunk at a time reaches 74.1% of the DMA floor, 2 reach "
         "88.2%, 3 gain 0.2 points for another chunk of SBUF",
     )
     tensors_per_launch: int = tunable(
@@ -180,7 +180,7 @@ class AdamwConfig(TunableConfig):
     engines: str = tunable(
         "spread",
         ENGINE_CHOICES,
-        "modeled (trn2, LNC=1): DMA-bound at 88.2% of the floor; vector_scalar binds on "
+        "modeled: trn2 LNC=1, DMA-bound at 88.2% of the floor; vector_scalar binds on "
         "VectorE at 76.6%, vector at 47.9%",
     )
 
