@@ -23,6 +23,10 @@ software-pipelined, pass 1 of the next unit issued before pass 2 of this one.
   VectorE adds ``g``, ScalarE scales by ``r`` into the output dtype; each chunk of dx
   is stored as it is done.
 
+Every DMA is triggered from SyncE on the hardware DGE where the target has one, so
+GpSimd's queue holds only products: ``dy * x`` on every chunk and, by default
+(``product_engine="gpsimd_both"``), ``g`` on one chunk in two from an fp32 SBUF copy of w.
+
 dw rounds once at the end (LNC=1) or is written as the core's fp32 partial (LNC > 1).
 Every intermediate is fp32; no partial sum is ever held in bf16.
 """
@@ -96,10 +100,11 @@ class RmsNormBwdConfig(TunableConfig):
         1, (1, 4), "modeled: one row per partition already moves >= 2 KiB per DMA row at H >= 1024"
     )
     h_chunk: int = tunable(
-        512,
-        (512, 2048),
-        "modeled: 512 hands work between engines in smaller steps; 483.6 vs 541.5 us at "
-        "[4096, 4096] bf16",
+        1024,
+        (512, 1024, 2048),
+        "modeled: 1024 halves GpSimd's per-instruction start cost against 512 and keeps the "
+        "engines' hand-offs short (2048 stalls them); 2964.5 vs 3189.1 (512) and 4012.0 "
+        "(2048) us at [16384, 8192] bf16 LNC=1 with gpsimd_both, one g in 2 on GpSimd",
     )
     weight_broadcast: str = tunable(
         "tensor",
@@ -107,9 +112,10 @@ class RmsNormBwdConfig(TunableConfig):
         "modeled: PSUM-resident w halves VectorE's two w products (N, not 2N cycles)",
     )
     product_engine: str = tunable(
-        "gpsimd",
+        "gpsimd_both",
         ("vector", "gpsimd", "gpsimd_both"),
-        "modeled: GpSimd takes dy * x; 483.6 us at [4096, 4096] bf16 vs 507.5 (gpsimd_both)",
+        "modeled: with the DMAs triggered from SyncE, GpSimd has room for some of VectorE's "
+        "g products; 2964.5 us vs 3433.4 (gpsimd) at [16384, 8192] bf16 LNC=1",
     )
     dw_reduce: str = tunable(
         "auto",
@@ -117,9 +123,10 @@ class RmsNormBwdConfig(TunableConfig):
         "modeled: one PSUM bank holds dw for every H the backward fits; no per-tile fold",
     )
     gpsimd_sum_every: int = tunable(
-        4,
-        (2, 4),
-        "modeled: with gpsimd_both, one g in 4 on GpSimd: 507.5 us vs 570.2 (one in 2)",
+        2,
+        (2, 3, 4),
+        "modeled: with gpsimd_both and h_chunk 1024, one g in 2 on GpSimd balances it with "
+        "VectorE: 2964.5 us vs 3055.7 (one in 3) at [16384, 8192] bf16 LNC=1",
     )
     dx_combine: str = tunable(
         "tensor",
@@ -142,6 +149,7 @@ class RmsNormBwdPlan(RmsNormPlan):
     gpsimd_sum_every: int  # gpsimd_both: every n-th chunk's row-sum product on GpSimd
     w_in_sbuf: bool  # an fp32 (offset + w) broadcast resident in SBUF
     dw_blocks: int  # ceil(H / 128): dw's PSUM / SBUF columns
+    hwdge: bool  # DMAs on the hardware DGE triggered from SyncE (NeuronCore-v3+)
 
 
 def plan(
@@ -196,6 +204,7 @@ def plan(
         gpsimd_sum_every=config.gpsimd_sum_every,
         w_in_sbuf=w_in_sbuf,
         dw_blocks=blocks,
+        hwdge=target.has_hwdge,
         sbuf_bytes=resident + scratch + 2 * (2 * chunk * item + chunk * 4)
         if two_pass
         else one_pass,
@@ -210,6 +219,16 @@ def _engine(on_gpsimd):
     return nisa.engine.gpsimd if on_gpsimd else nisa.engine.vector
 
 
+def _dma(plan, dst, src):
+    """One DMA: on the hardware DGE triggered from SyncE when the target has one
+    (NeuronCore-v3+; nki/api/nki/isa dma_copy: dge_mode, engine), which leaves GpSimd's
+    queue to the products; else the compiler's default (software DGE on GpSimd)."""
+    if plan.hwdge:
+        nisa.dma_copy(dst=dst, src=src, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.sync)
+    else:
+        nisa.dma_copy(dst=dst, src=src)
+
+
 def _resident_weight(w, offset, plan, p_all, dtype):
     """fp32 ``offset + w`` broadcast to ``p_all`` partitions by a stride-0 DMA per chunk."""
     h = plan.h
@@ -217,7 +236,7 @@ def _resident_weight(w, offset, plan, p_all, dtype):
     w_row = w.reshape((1, h))
     for c0, cs in tiled(h, plan.h_chunk):
         staged = nl.ndarray((p_all, cs), dtype=dtype, buffer=nl.sbuf, name="w_staged")
-        nisa.dma_copy(dst=staged, src=w_row[0:1, c0 : c0 + cs].broadcast(0, p_all))
+        _dma(plan, dst=staged, src=w_row[0:1, c0 : c0 + cs].broadcast(0, p_all))
         nisa.tensor_scalar(
             dst=w_eff[0:p_all, c0 : c0 + cs], data=staged, op0=nl.add, operand0=offset
         )
@@ -247,7 +266,7 @@ def _weight_parts(w, offset, plan, dtype):
     w_row = w.reshape((1, h))
     for c0, cs in tiled(h, plan.h_chunk):
         row = nl.ndarray((1, cs), dtype=dtype, buffer=nl.sbuf, name="w_row")
-        nisa.dma_copy(dst=row, src=w_row[0:1, c0 : c0 + cs])
+        _dma(plan, dst=row, src=w_row[0:1, c0 : c0 + cs])
         value = nl.ndarray((1, cs), dtype=nl.float32, buffer=nl.sbuf, name="w_value")
         nisa.tensor_scalar(dst=value, data=row, op0=nl.add, operand0=offset)
         staged = []
@@ -255,7 +274,7 @@ def _weight_parts(w, offset, plan, dtype):
             staged.append(nl.ndarray((1, cs), dtype=nl.bfloat16, buffer=nl.sbuf, name="w_part"))
         _split_bf16(staged, value, 1, cs, "w_rest")
         for i in range(3):  # each part onto its own partition (SBUF to SBUF)
-            nisa.dma_copy(dst=parts[i : i + 1, c0 : c0 + cs], src=staged[i])
+            _dma(plan, dst=parts[i : i + 1, c0 : c0 + cs], src=staged[i])
     return parts
 
 
@@ -324,7 +343,7 @@ def _load_chunk(rows, tile, j, c0, cs, p, plan, dtype, name):
     if not plan.two_pass:
         return tile[0:p, j, c0 : c0 + cs]
     chunk = nl.ndarray((p, cs), dtype=dtype, buffer=nl.sbuf, name=name)
-    nisa.dma_copy(dst=chunk, src=rows[0:p, j, c0 : c0 + cs])
+    _dma(plan, dst=chunk, src=rows[0:p, j, c0 : c0 + cs])
     return chunk
 
 
@@ -379,15 +398,15 @@ def _open_tile(dy, x, dx, rstd, r0, p, g, plan):
     x_rows = x[r0 : r0 + p * g, 0:h].reshape((p, g, h))
     dx_rows = dx[r0 : r0 + p * g, 0:h].reshape((p, g, h))
     r = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="rstd")
-    nisa.dma_copy(dst=r, src=rstd[r0 : r0 + p * g].reshape((p, g)))
+    _dma(plan, dst=r, src=rstd[r0 : r0 + p * g].reshape((p, g)))
     sums = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="sum_gx")
     k = nl.ndarray((p, g), dtype=nl.float32, buffer=nl.sbuf, name="k")
     dyt = xt = dw_part = None
     if not plan.two_pass:
         dyt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="dy_tile")
         xt = nl.ndarray((p, g, h), dtype=x.dtype, buffer=nl.sbuf, name="x_tile")
-        nisa.dma_copy(dst=dyt, src=dy_rows)
-        nisa.dma_copy(dst=xt, src=x_rows)
+        _dma(plan, dst=dyt, src=dy_rows)
+        _dma(plan, dst=xt, src=x_rows)
     if not plan.dw_in_psum:
         dw_part = nl.ndarray(
             (pmax, plan.dw_blocks), dtype=nl.float32, buffer=nl.psum, name="dw_part"
@@ -510,7 +529,7 @@ def _pass_two(ts, j, g_row, diags, w_eff, ones3, w_parts, plan, dtype):
                 )
         dx_c = nl.ndarray((p, cs), dtype=dtype, buffer=nl.sbuf, name="dx_chunk")
         nisa.activation(dst=dx_c, op=nl.copy, data=t, scale=r_col)
-        nisa.dma_copy(dst=ts.dx_rows[0:p, j, c0 : c0 + cs], src=dx_c)
+        _dma(plan, dst=ts.dx_rows[0:p, j, c0 : c0 + cs], src=dx_c)
 
 
 @nki.jit
@@ -537,7 +556,7 @@ def rms_norm_bwd_kernel(dy, x, w, rstd, plan, offset):
     if len(my_tiles) == 0:  # fewer row tiles than cores: this core's partial is zero
         zero = nl.ndarray((1, h), dtype=nl.float32, buffer=nl.sbuf, name="dw_out")
         nisa.memset(dst=zero, value=0.0)
-        nisa.dma_copy(dst=dw_row, src=zero)
+        _dma(plan, dst=dw_row, src=zero)
         return dx, dw_out
     p_all = min(pmax, n)
     w_eff = None
@@ -598,11 +617,11 @@ def rms_norm_bwd_kernel(dy, x, w, rstd, plan, offset):
     full = h // pmax
     if full > 0:
         dst = dw_row[0:1, 0 : full * pmax].reshape((full, pmax)).permute((1, 0))
-        nisa.dma_copy(dst=dst, src=dw_low[0:pmax, 0:full])
+        _dma(plan, dst=dst, src=dw_low[0:pmax, 0:full])
     if full < n_blocks:
         tail = h - full * pmax
         dst = dw_row[0:1, full * pmax : h].reshape((tail, 1))
-        nisa.dma_copy(dst=dst, src=dw_low[0:tail, full : full + 1])
+        _dma(plan, dst=dst, src=dw_low[0:tail, full : full + 1])
     return dx, dw_out
 
 
