@@ -456,7 +456,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     dma_ok = target.has_dma_transpose and item == 2
     p_dma_tiles = config.p_dma_tiles if dma_ok else 0
     key_tiles = ceil_div(sk, config.k_tile)
-    lead, lag_t, lag_pv, lag_close = 2 * key_tiles + 1, 1, 6, 7
+    lead, lag_t, lag_pv, lag_close = key_tiles + 1, 2, 6, 7
     if softmax == "two_pass":
         sbuf, banks = _two_pass_budget(
             sk, d, d_tiles, q_tile, item, config, kv_chunks, lead, lag_pv, lag_close, p_dma_tiles
