@@ -898,9 +898,19 @@ def _query_tile(h, q0, plan):
     n_dead = min(qs, max(0, -(q0 + offset))) if plan.causal else 0
     keys = []
     n_raw = n_masked = 0
+    spans = []
     for k0, ks in tiled(max(0, k_end), plan.k_tile):
-        # A key after the first row's horizon: the tile crosses the diagonal.
-        masked = plan.causal and k0 + ks - 1 > q0 + offset
+        # Keys before ``every`` are visible to every row; a key tile holding later keys
+        # crosses the diagonal. Its visible head (whole 128-key chunks, so P^T chunks stay
+        # on V's chunks) stays in PSUM; only the rest is scaled and masked in SBUF.
+        every = q0 + offset + 1
+        head = (every - k0) // plan.d_tile * plan.d_tile
+        if plan.causal and k0 + ks > every and 0 < head < ks:
+            spans.append((k0, head, False))
+            spans.append((k0 + head, ks - head, True))
+        else:
+            spans.append((k0, ks, plan.causal and k0 + ks > every))
+    for k0, ks, masked in spans:
         if masked:
             keys.append((k0, ks, True, n_masked))
             n_masked += 1
