@@ -376,30 +376,28 @@ def query_tiles(group: int, sq: int, sk: int, q_tile: int, causal: bool):
     return tiles, costs
 
 
-def _two_pass_budget(
-    sk, d, d_tiles, q_tile, item, config, kv_chunks, lead, lag_pv, lag_close, n_dma
-):
-    """(SBUF bytes per partition, PSUM banks) of the two-pass forward: K^T and V resident;
-    every key tile between the max pass (``lead`` ahead) and its query tile's close
-    (``lag_close`` behind) holds its P, P^T and (diagonal tiles) masked scores; each query
-    tile among them its q^T, per-key-tile columns and output rows."""
+def _two_pass_budget(sk, d, d_tiles, q_tile, item, causal, config, kv_chunks, lags):
+    """(SBUF bytes per partition, PSUM banks) of the two-pass forward, for its pipeline
+    ``lags = (lead, q_prefetch, lag_pv, lag_close)``: K^T and V resident; P and P^T live
+    from a key tile's exp to its P V (``lag_pv + 1`` key tiles), masked scores from its max
+    pass to its exp (``lead + 1``, causal only); each query tile with a step between its
+    q^T load and its close holds q^T, its per-key-tile max columns and [q, 1] columns and
+    its output rows."""
+    lead, q_prefetch, lag_pv, lag_close = lags
     key_tiles = ceil_div(sk, config.k_tile)
     sbuf = d_tiles * sk * item + kv_chunks * d * item
     if config.load_transpose == "pe":
         sbuf += 2 * d * item  # q rows awaiting their TensorE transpose
     chunks = ceil_div(config.k_tile, q_tile)
-    per_key_tile = config.k_tile * item + chunks * q_tile * item + config.k_tile * 4
-    per_query_tile = d_tiles * q_tile * item + 3 * key_tiles * 4 + d * item + 8 * 4
-    in_flight = lead + lag_close + 2
-    sbuf += in_flight * (per_key_tile + per_query_tile)
+    sbuf += (lag_pv + 1) * (config.k_tile * item + chunks * q_tile * item)  # P, P^T
+    if causal:
+        sbuf += (lead + 1) * config.k_tile * 4  # masked scores
+    per_query_tile = d_tiles * q_tile * item + (2 * key_tiles + 8) * 4 + d * item
+    sbuf += (lead + q_prefetch + lag_close + 2) * per_query_tile
     # Scores of the max pass and of the exp pass, the P V sums of the query tiles between
     # P V and their close, and the transposes' banks.
-    banks = (
-        2
-        + (lag_close - lag_pv + 1)
-        + (config.p_transpose == "pe")
-        + (config.load_transpose == "pe")
-    )
+    banks = 2 + (lag_close - lag_pv + 1)
+    banks += (config.p_transpose == "pe") + (config.load_transpose == "pe")
     return sbuf, banks
 
 
@@ -456,10 +454,11 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     dma_ok = target.has_dma_transpose and item == 2
     p_dma_tiles = config.p_dma_tiles if dma_ok else 0
     key_tiles = ceil_div(sk, config.k_tile)
-    lead, lag_t, lag_pv, lag_close = key_tiles + 1, 2, 6, 7
+    lead, lag_t, lag_pv, lag_close, q_prefetch = key_tiles + 1, 2, 6, 7, 4
     if softmax == "two_pass":
+        lags = (lead, q_prefetch, lag_pv, lag_close)
         sbuf, banks = _two_pass_budget(
-            sk, d, d_tiles, q_tile, item, config, kv_chunks, lead, lag_pv, lag_close, p_dma_tiles
+            sk, d, d_tiles, q_tile, item, causal, config, kv_chunks, lags
         )
     return FlashAttentionPlan(
         b=b,
@@ -489,7 +488,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         lag_pv=lag_pv,
         lag_close=lag_close,
         hwdge=target.has_hwdge,
-        q_prefetch=4,
+        q_prefetch=q_prefetch,
         lnc=lnc,
         core_groups=split_groups(
             b, hkv, h // hkv, *query_tiles(h // hkv, sq, sk, q_tile, causal), lnc
