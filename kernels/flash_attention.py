@@ -631,6 +631,41 @@ def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
     return s_ps, plan.scale
 
 
+@dataclass
+class OnlineTile(nl.NKIObject):
+    """One query tile of the online softmax, from its q^T load to its store."""
+
+    h: int  # query head
+    q0: int  # first query row
+    qs: int  # rows (partitions of its score tiles)
+    k_end: int  # keys [0, k_end) are visible to some row (causal: up to the diagonal)
+    n_dead: int  # leading rows that see no key (causal with Sq > Sk): out 0, lse -inf
+    q_t: object  # [d_tile, d_tiles, qs] q^T in SBUF, None when no key is visible
+    neg_max: object  # [qs, 1] fp32 -running max of the key tiles folded so far, or None
+    latest_max: object  # [qs, 1] fp32 the newest -running max (the front half runs ahead)
+    row_sum: object  # [qs, 1] fp32 running sum of P, rescaled as the max grows
+    o_acc: object  # [qs, D] fp32 running P V, rescaled as the max grows
+
+
+@dataclass
+class OnlineStep(nl.NKIObject):
+    """One key tile of one query tile in the online softmax, from scores to fold."""
+
+    s: OnlineTile  # the query tile
+    ks: int  # keys in this key tile
+    kk0: int  # its first key within the K/V block
+    src: object  # scores for the exp: PSUM, or scaled and masked in SBUF
+    act_scale: float  # the exp's scale of src (the softmax scale, or 1 once scaled)
+    ext: object  # [qs, 1] fp32 the tile's max of S (min for a negative scale)
+    prev: object  # [qs, 1] fp32 -running max before this tile, None on the first
+    new_neg_max: object  # [qs, 1] fp32 -running max including this tile
+    p: object  # [qs, ks] P = exp(scale * S - m_new) in q's dtype
+    tile_sum: object  # [qs, 1] fp32 row sum of P
+    alpha: object  # [qs, 1] fp32 exp(m_old - m_new), None on the first
+    p_t: object  # P^T: in PSUM awaiting its copy ("pe") or in SBUF ("vector")
+    o_ps: object  # [qs, D] fp32 PSUM: this tile's P V
+
+
 def _open_query_tile(q, b, h, q0, plan):
     """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T."""
     qs = min(plan.q_tile, plan.sq - q0)
@@ -638,14 +673,13 @@ def _open_query_tile(q, b, h, q0, plan):
     # Keys j < k_end are visible to some row of the tile; rows i < Sq - Sk see none.
     k_end = min(plan.sk, q0 + qs + offset) if plan.causal else plan.sk
     n_dead = min(qs, max(0, -(q0 + offset))) if plan.causal else 0
-    state = {"h": h, "q0": q0, "qs": qs, "k_end": k_end, "n_dead": n_dead, "q_t": None}
-    state.update(neg_max=None, latest_max=None, row_sum=None, o_acc=None)
+    state = OnlineTile(h, q0, qs, k_end, n_dead, None, None, None, None, None)
     if k_end > 0:
         q_t = nl.ndarray(
             (min(plan.d_tile, plan.d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
         )
         _load_transposed(q[b, h, q0 : q0 + qs, 0 : plan.d], q_t, qs, plan)
-        state["q_t"] = q_t
+        state.q_t = q_t
     return state
 
 
@@ -656,9 +690,11 @@ def _front(states, kt, r0, kk0, plan):
     k0 = r0 + kk0
     work = []
     for s in states:
-        if k0 < s["k_end"]:
-            ks = min(plan.k_tile, plan.kv_block - kk0, plan.sk - k0, s["k_end"] - k0)
-            work.append({"s": s, "ks": ks, "kk0": kk0})
+        if k0 < s.k_end:
+            ks = min(plan.k_tile, plan.kv_block - kk0, plan.sk - k0, s.k_end - k0)
+            work.append(
+                OnlineStep(s, ks, kk0, None, 1.0, None, None, None, None, None, None, None, None)
+            )
     for r in work:
         _scores_and_max(r, kt, k0, plan)
     for r in work:  # after every reduction: VectorE does not wait on the one just issued
@@ -678,7 +714,7 @@ def _back(work, vb, q_dtype, plan):
     for i in range(len(work) + 1):
         if i < len(work):
             r = work[i]
-            r["p_t"] = _transpose_p(r["p"], r["s"]["qs"], r["ks"], plan)
+            r.p_t = _transpose_p(r.p, r.s.qs, r.ks, plan)
         if i >= 1:
             _multiply_v(work[i - 1], vb, q_dtype, plan)
     for r in work:
@@ -688,19 +724,19 @@ def _back(work, vb, q_dtype, plan):
 def _scores_and_max(r, kt, k0, plan):
     """Scores on TensorE (masked on VectorE/GpSimd where the causal diagonal crosses) and
     their row max (or min, for a negative scale) on VectorE."""
-    s, ks, kk0 = r["s"], r["ks"], r["kk0"]
-    qs = s["qs"]
-    src, act_scale = _score_tile(s["q_t"], kt, qs, kk0, ks, s["q0"], k0, plan)
+    s, ks, kk0 = r.s, r.ks, r.kk0
+    qs = s.qs
+    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan)
     ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
     # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
     nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
-    r.update(src=src, act_scale=act_scale, ext=ext)
+    r.src, r.act_scale, r.ext = src, act_scale, ext
 
 
 def _running_max(r):
     """The running max, negated: -max(m_old, act_scale * tile max)."""
-    s = r["s"]
-    qs, ext, act_scale, prev = s["qs"], r["ext"], r["act_scale"], s["latest_max"]
+    s = r.s
+    qs, ext, act_scale, prev = s.qs, r.ext, r.act_scale, s.latest_max
     new_neg_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_m")
     if prev is None:
         nisa.tensor_scalar(dst=new_neg_max, data=ext, op0=nl.multiply, operand0=-act_scale)
@@ -715,37 +751,37 @@ def _running_max(r):
         )
     # The key tile's own max; the next tile's front half (issued before this tile's back
     # half) starts from it.
-    r.update(prev=prev, new_neg_max=new_neg_max)
-    s["latest_max"] = new_neg_max
+    r.prev, r.new_neg_max = prev, new_neg_max
+    s.latest_max = new_neg_max
 
 
 def _exponentiate(r, q_dtype):
     """P = exp(scale * S - m_new) on ScalarE, summed per row by its accumulator; and
     alpha = exp(m_old - m_new), which rescales the running sum and accumulator."""
-    qs, ks = r["s"]["qs"], r["ks"]
+    qs, ks = r.s.qs, r.ks
     p_sb = nl.ndarray((qs, ks), dtype=q_dtype, buffer=nl.sbuf, name="p")
     tile_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_sum")
     nisa.activation(
         dst=p_sb,
         op=nl.exp,
-        data=r["src"],
-        bias=r["new_neg_max"],
-        scale=r["act_scale"],
+        data=r.src,
+        bias=r.new_neg_max,
+        scale=r.act_scale,
         reduce_op=nl.add,
         reduce_res=tile_sum,
         reduce_cmd=nisa.reduce_cmd.reset_reduce,
     )
-    r.update(p=p_sb, tile_sum=tile_sum)
-    if r["prev"] is not None:
+    r.p, r.tile_sum = p_sb, tile_sum
+    if r.prev is not None:
         alpha = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="alpha")
-        nisa.activation(dst=alpha, op=nl.exp, data=r["prev"], bias=r["new_neg_max"], scale=-1.0)
-        r["alpha"] = alpha
+        nisa.activation(dst=alpha, op=nl.exp, data=r.prev, bias=r.new_neg_max, scale=-1.0)
+        r.alpha = alpha
 
 
 def _multiply_v(r, vb, q_dtype, plan):
     """P^T to SBUF, then O_tile = P V on TensorE, 128 keys per matmul, into PSUM."""
-    qs, d, ks, kk0 = r["s"]["qs"], plan.d, r["ks"], r["kk0"]
-    p_t = _evacuate_p(r["p_t"], qs, ks, q_dtype, plan)
+    qs, d, ks, kk0 = r.s.qs, plan.d, r.ks, r.kk0
+    p_t = _evacuate_p(r.p_t, qs, ks, q_dtype, plan)
     o_ps = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.psum, name="o_psum")
     for c, (c0, cs) in enumerate(tiled(ks, plan.d_tile)):
         nisa.nc_matmul(
@@ -754,51 +790,51 @@ def _multiply_v(r, vb, q_dtype, plan):
             moving=vb[0:cs, (kk0 + c0) // plan.d_tile, 0:d],
             accumulate=c > 0,
         )
-    r["o_ps"] = o_ps
+    r.o_ps = o_ps
 
 
 def _fold(r, plan):
     """The tile into the running sum and accumulator: O_old * alpha on ScalarE, + P V
     from PSUM on VectorE (which also takes the row max, the busiest engine)."""
-    s = r["s"]
-    qs, d, o_ps = s["qs"], plan.d, r["o_ps"]
+    s = r.s
+    qs, d, o_ps = s.qs, plan.d, r.o_ps
     new_acc = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.sbuf, name="o_acc")
-    if r["prev"] is None:
-        s["row_sum"] = r["tile_sum"]
+    if r.prev is None:
+        s.row_sum = r.tile_sum
         nisa.tensor_copy(dst=new_acc, src=o_ps)
     else:
         new_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="l")
         nisa.scalar_tensor_tensor(
             dst=new_sum,
-            data=s["row_sum"],
+            data=s.row_sum,
             op0=nl.multiply,
-            operand0=r["alpha"],
+            operand0=r.alpha,
             op1=nl.add,
-            operand1=r["tile_sum"],
+            operand1=r.tile_sum,
         )
         scaled = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.sbuf, name="o_scaled")
-        nisa.activation(dst=scaled, op=nl.copy, data=s["o_acc"], scale=r["alpha"])
+        nisa.activation(dst=scaled, op=nl.copy, data=s.o_acc, scale=r.alpha)
         nisa.tensor_tensor(dst=new_acc, data1=o_ps, data2=scaled, op=nl.add)
-        s["row_sum"] = new_sum
-    s["neg_max"], s["o_acc"] = r["new_neg_max"], new_acc
+        s.row_sum = new_sum
+    s.neg_max, s.o_acc = r.new_neg_max, new_acc
 
 
 def _close_query_tile(s, out, lse, b, plan):
     """out = O / l and lse = log(l) + m to HBM; rows that see no key get 0 and -inf."""
-    d, qs, q0, h, n_dead = plan.d, s["qs"], s["q0"], s["h"], s["n_dead"]
+    d, qs, q0, h, n_dead = plan.d, s.qs, s.q0, s.h, s.n_dead
     o_out = nl.ndarray((qs, d), dtype=out.dtype, buffer=nl.sbuf, name="o_out")
     lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
-    if s["neg_max"] is None:
+    if s.neg_max is None:
         # Trace-time skip: no key is visible to any row of this tile.
         nisa.memset(dst=o_out, value=0.0)
         nisa.memset(dst=lse_t, value=float("-inf"))
     else:
         recip = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
-        nisa.reciprocal(dst=recip, data=s["row_sum"])
-        nisa.tensor_scalar(dst=o_out, data=s["o_acc"], op0=nl.multiply, operand0=recip)
+        nisa.reciprocal(dst=recip, data=s.row_sum)
+        nisa.tensor_scalar(dst=o_out, data=s.o_acc, op0=nl.multiply, operand0=recip)
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
-        nisa.activation(dst=log_sum, op=nl.log, data=s["row_sum"])
-        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=s["neg_max"], op=nl.subtract)
+        nisa.activation(dst=log_sum, op=nl.log, data=s.row_sum)
+        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=s.neg_max, op=nl.subtract)
         if n_dead:
             # Rows that see no key at all: zeros and -inf, as the contract says.
             nisa.memset(dst=o_out[0:n_dead, 0:d], value=0.0)
@@ -813,7 +849,7 @@ def _key_tiles(states, plan):
     starts a block, where a streamed block is loaded)."""
     k_end = 0
     for s in states:
-        k_end = max(k_end, s["k_end"])
+        k_end = max(k_end, s.k_end)
     out = []
     for r0, rows in tiled(plan.sk, plan.kv_block):
         if r0 >= k_end:
