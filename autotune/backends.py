@@ -84,10 +84,9 @@ def _floors(report, spec, problem: dict, dtype: str, copies: int = 1) -> tuple[f
 
 
 class ModelBackend:
-    """Modeled latency: trace-only interpreter run at the full shape (or, at LNC=1, one of
-    its ``model_slice`` pieces, times their count) + the cost model, the kernels launched
-    at LNC ``lnc``. At LNC > 1 the whole launch is traced (every core's share): a slice
-    does not split over the cores as the whole problem does."""
+    """Modeled latency: trace-only interpreter run at the full shape (or one of its
+    ``model_slice`` pieces, times their count: at LNC=k a piece holds one independent
+    group per core) + the cost model, the kernels launched at LNC ``lnc``."""
 
     name = "model"
     source = "modeled"
@@ -123,8 +122,8 @@ class ModelBackend:
     def measure(self, spec, problem: dict, dtype: str, config) -> Measurement:
         from neuron_kernels.cost_model.profiler import Profiler
 
-        sliced = spec.model_slice is not None and self.lnc == 1
-        traced, copies = spec.model_slice(problem) if sliced else (problem, 1)
+        sliced = spec.model_slice is not None
+        traced, copies = spec.model_slice(problem, self.lnc) if sliced else (problem, 1)
         profiler = Profiler(target=self.target, compute=False, **self.param_overrides)
         profiler.lnc = self.lnc  # the LNC the op's run_kernels launches at (spec.runner_lnc)
         spec.run_kernels(*self.trace_inputs(spec, traced, dtype), config=config, runner=profiler)

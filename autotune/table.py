@@ -2,7 +2,8 @@
 
 One row per entry of every ``<op>.json`` in the folder: op, shape, dtype, launch LNC (an
 entry without one was tuned at LNC=1), default and tuned
-latency (labelled by their source: modeled or hardware), speedup, and the tuned latency as a
+latency (labelled by their source: modeled or hardware, and a modeled slice's copy count),
+speedup, and the tuned latency as a
 fraction of the floor (the larger of the TensorE floor and the DMA floor, whichever binds;
 see :class:`neuron_kernels.autotune.backends.Measurement`). Regenerate with
 ``neuron-kernels autotune --table``.
@@ -42,7 +43,9 @@ def render_table(folder: Path, target: str) -> str:
         "floor (inputs read once, outputs and in-place updates written once, at the core's DMA "
         "rate); both are modeled. `lnc` is the launch's logical NeuronCore size (the kernel "
         "runs as `kernel[lnc]`, its work split over that many physical cores); part of the "
-        "entry's key.",
+        "entry's key. A modeled attention entry marked `slice xN` was traced on one of N "
+        "identical slices of the launch (one (batch, KV head) group per physical core, both "
+        "cores on the two-core schedule at LNC=2) and multiplied up (`OpSpec.model_slice`).",
         "",
         "| op | shape | dtype | lnc | source | default (us) | tuned (us) | speedup | floor (us) | "
         "tuned / floor | binds | trials | config |",
@@ -54,14 +57,16 @@ def render_table(folder: Path, target: str) -> str:
         speedup = f"{default / best:.2f}x" if best and default else "-"
         frac = f"{100 * floor / best:.1f}%" if best and floor else "-"
         lnc = results.entry_lnc(r)
+        copies = r.get("m_copies", 1)
+        source = f"{r['source']} (slice x{copies})" if copies > 1 else r["source"]
         lines.append(
-            f"| {r['op']} | {r.get('shape', r['shape_bucket'])} | {r['dtype']} | {lnc} | {r['source']} | "
+            f"| {r['op']} | {r.get('shape', r['shape_bucket'])} | {r['dtype']} | {lnc} | {source} | "
             f"{default:,.1f} | {best:,.1f} | {speedup} | {floor:,.1f} | {frac} | "
             f"{r.get('m_floor_engine', '-')} | {r.get('trials', '-')} | "
             f"`{json.dumps(r['config'], separators=(',', ':'))}` |"
             if default is not None and floor is not None
             else f"| {r['op']} | {r.get('shape', r['shape_bucket'])} | {r['dtype']} | {lnc} | "
-            f"{r['source']} | - | {best:,.1f} | - | - | - | - | {r.get('trials', '-')} | "
+            f"{source} | - | {best:,.1f} | - | - | - | - | {r.get('trials', '-')} | "
             f"`{json.dumps(r['config'], separators=(',', ':'))}` |"
         )
     if not rows:

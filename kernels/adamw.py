@@ -1,12 +1,31 @@
-"""A fused multi-tensor AdamW step, in place, and its op declaration.
+"""A fused multi-tensor AdamW step and its op declaration.
 
-One launch updates many tensors: each tensor's flat view is cut into contiguous chunks of
-``128 x tile_free`` elements, each chunk viewed as a ``[128, tile_free]`` tile (partition
-``p`` holds elements ``[p * tile_free, (p + 1) * tile_free)`` of the chunk, so every DMA
-row is one contiguous run of HBM); what is left after the full chunks is one
-``[128, rest // 128]`` tile and a ``[rest % 128, 1]`` tail. Flattened views, not buckets:
-no copy into or out of a staging buffer, so the HBM traffic is the minimum (read p, g, m,
-v; write p, m, v), and any tensor size works without padding.
+The kernel takes one ``[rows, cols]`` HBM buffer per argument (params, grads, exp_avgs,
+exp_avg_sqs, max_exp_avg_sqs), a per-row coefficient table and its plan, and returns the
+new params and state; the op copies them into its tensors (``copy_``, the tensors it
+declares in ``mutates_args``). No tensor lists and no writes in place: torch-neuronx's
+``wrap_nki`` carries only top-level tensors as kernel operands (``torch_neuronx/nki_hop.py``)
+and NKI 0.6 kernels return their outputs, with no operand aliasing
+(``tests/nki/test_nki_v2.py``), so under ``torch.compile(backend="neuron")`` each launch is
+one kernel-wrapper node whose outputs the graph copies back: a compiled step cannot
+silently do nothing. The interpreter (``cpu_mode("interpret")``) runs the same kernel.
+
+Each launch's buffers are one of two kinds (:func:`launches`). A tensor of at least one
+full chunk has its whole ``tile_free``-wide rows updated by a launch of its own, on the
+tensor itself (a zero-copy view). Everything else (small tensors, large tensors' last
+``numel % tile_free`` elements) is packed, ``tensors_per_launch`` segments per launch,
+each zero-padded to whole rows of a width chosen to pad at most 1/8 more, into one new
+buffer per argument. Chunks are up to 128 whole rows (``[rows, cols]`` tiles, each DMA
+row one contiguous run of HBM), so small tensors share full tiles instead of each paying
+a tile and a tail; every row belongs to one tensor, and its coefficients come from the
+row's entry in the table. Why this hybrid (all modeled, trn2, LNC=1, per physical core,
+microseconds; copy costs at the DMA floor): the fixed-arity alternative (today's
+per-tensor chunks, one top-level argument per tensor) would cost 317.5 + 1.1 (copy back)
+for 64 tensors of 300 elements vs 18.9 + 1.5 (pack) + 1.1 here, 164.1 + 14.5 vs
+40.9 + 19.3 + 14.5 for 64 of 4096, and for a Llama-3-8B layer 7119 + 5552 vs
+7341 + 0.6 + 5552 (+1.8%: each large tensor's launch fills and drains its own
+pipeline); packing everything would add 7402 of copies to that layer. It also needs no
+kernel with hundreds of parameters.
 
 Semantics are ``torch.optim.AdamW``'s (decoupled weight decay, bias corrections from the
 step count, amsgrad, maximize, eps added outside the sqrt) with ``grad_scale`` and
@@ -73,8 +92,11 @@ __all__ = [
     "SPEC",
     "AdamwConfig",
     "AdamwPlan",
+    "Launch",
+    "Segment",
     "coefficients",
     "fused_adamw_kernel",
+    "launches",
     "plan",
     "reference",
     "run_kernels",
@@ -85,7 +107,7 @@ PARAM_DTYPES = ("float32", "bfloat16")
 GRAD_DTYPES = ("float32", "bfloat16", "float16")  # lower than fp32 only with fp32 (master) params
 ENGINE_CHOICES = ("vector", "vector_scalar", "spread")
 
-# Columns of the per-tensor coefficient table (fp32; MASK holds int32 bits).
+# Columns of the per-row coefficient table (fp32; MASK, SEED, ROW_INDEX hold int32 bits).
 (
     MASK,  # all ones, or 0 on a skipped step: ANDed into the gradient's bits
     C_G1,  # (1 - beta1) / grad_scale, negated for maximize: m's gradient term
@@ -100,8 +122,9 @@ ENGINE_CHOICES = ("vector", "vector_scalar", "spread")
     WDF,  # 1 - lr * weight_decay (1 on a skipped step)
     ZERO,  # an explicit zero bias for ScalarE (nki-library passes one: runtime issue without)
     SEED,  # int32 bits: this tensor's stochastic-rounding key for this step
-) = range(13)
-N_COEFFICIENTS = 13
+    ROW_INDEX,  # int32 bits: the index in its tensor of the row's first element
+) = range(14)
+N_COEFFICIENTS = 14
 SQRT_FLOOR = 2.0**-84
 
 # Stochastic rounding of bf16 params: 16 random bits per element from a counter-based hash
@@ -124,8 +147,9 @@ class AdamwConfig(TunableConfig):
             engine idle while the others finish their part of the chain; k chunks give
             each engine k independent instructions per step (and hold k + 1 chunks'
             tiles: k computing, one loading).
-        tensors_per_launch: tensors one launch updates (more: fewer launches; fewer: a
-            smaller unrolled kernel to compile).
+        tensors_per_launch: segments one packed launch updates (small tensors and large
+            tensors' tails; more: fewer launches; fewer: a smaller unrolled kernel to
+            compile). A large tensor's whole rows are always a launch of their own.
         engines: who runs the elementwise chain. "vector": VectorE alone (sqrt and
             reciprocal as ALU ops); "vector_scalar": ScalarE takes every one-input scaling
             and the sqrt, VectorE the two-tile ops; "spread": as vector_scalar, with GpSimdE
@@ -137,40 +161,110 @@ class AdamwConfig(TunableConfig):
     tile_free: int = tunable(
         2048,
         (512, 1024, 2048, 4096),
-        "modeled: Llama-3-8B layer mix, spread, 2 in flight: 91.0% of the DMA floor at 2048 "
-        "vs 83.8% at 1024 (a DMA engine's fixed cost per 32 KiB); 4096 fits only 1 in flight",
+        "modeled: trn2 LNC=1, Llama-3-8B layer mix, spread, 2 in flight: 88.2% of the DMA "
+        "floor at 2048 vs 81.1% at 1024 (a DMA engine's fixed cost per 32 KiB); 4096 fits "
+        "only 1 in flight (80.5%)",
     )
     in_flight: int = tunable(
         2,
         (1, 2, 3, 4),
-        "modeled: 1 chunk at a time reaches 65.9% of the DMA floor, 2 reach 91.0%, 3 gain nothing",
+        "modeled: trn2 LNC=1, 1 chunk at a time reaches 74.1% of the DMA floor, 2 reach "
+        "88.2%, 3 gain 0.2 points for another chunk of SBUF",
     )
     tensors_per_launch: int = tunable(
-        64, (8, 64, 256), "modeled: one launch for a transformer layer's tensors"
+        64,
+        (8, 64, 256),
+        "modeled: a layer's small tensors and large tensors' tails share one packed launch "
+        "(64 tensors of 300 fp32 elements: 18.9 us, trn2 LNC=1)",
     )
     engines: str = tunable(
         "spread",
         ENGINE_CHOICES,
-        "modeled: DMA-bound at 91.0% of the floor; vector_scalar binds on VectorE at 78.0%, "
-        "vector at 48.4%",
+        "modeled: trn2 LNC=1, DMA-bound at 88.2% of the floor; vector_scalar binds on "
+        "VectorE at 76.6%, vector at 47.9%",
     )
 
 
-# -- the tile plan ---------------------------------------------------------------------
+# -- the launches and the tile plan ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment(nl.NKIObject):
+    """Elements ``[start, start + length)`` of tensor ``tensor`` (its position among the
+    op's non-empty tensors) in one launch's buffers, at row ``row0`` of them, as
+    ``ceil(length / cols)`` whole rows (the last one padded)."""
+
+    tensor: int
+    start: int
+    length: int
+    row0: int
+
+
+@dataclass(frozen=True)
+class Launch(nl.NKIObject):
+    """One kernel launch: its segments and the row width of its ``[rows, cols]`` buffers.
+    ``packed``: the buffers are new tensors the op packs; else they are the one segment's
+    tensor itself (a zero-copy view, ``start`` 0, ``length`` a multiple of ``cols``)."""
+
+    segments: tuple
+    cols: int
+    rows: int
+    packed: bool
+
+
+def _padded(sizes, cols: int) -> int:
+    return sum(-(-n // cols) * cols for n in sizes)
+
+
+def row_width(sizes, tile_free: int) -> int:
+    """The row width of a packed launch: ``tile_free``, halved while padding each segment
+    to whole rows would add more than 1/8 of its elements (small tensors get narrow rows)."""
+    cols, total = tile_free, sum(sizes)
+    while cols > 1 and _padded(sizes, cols) * 8 > total * 9:
+        cols //= 2
+    return cols
+
+
+def launches(sizes, config: AdamwConfig, partitions: int) -> tuple:
+    """The op's launches for tensors of ``sizes`` (all non-empty), in two kinds.
+
+    A tensor of at least one full chunk (``partitions x tile_free``) has its whole rows of
+    ``tile_free`` updated by a launch of its own, on the tensor itself: no copy in. What is
+    left (its last ``numel % tile_free`` elements, or all of a smaller tensor) is a segment
+    of a packed launch: up to ``tensors_per_launch`` segments packed into one buffer per
+    argument, each padded to whole rows of :func:`row_width`, so the small tensors' elements
+    fill full tiles together instead of one tile (and one tail) each.
+    """
+    tile, out, rest = config.tile_free, [], []
+    for i, n in enumerate(sizes):
+        whole = (n // tile) * tile if n >= partitions * tile else 0
+        if whole:
+            out.append(Launch((Segment(i, 0, whole, 0),), tile, whole // tile, False))
+        if n > whole:
+            rest.append((i, whole, n - whole))
+    for first, count in tiled(len(rest), config.tensors_per_launch):
+        group = rest[first : first + count]
+        cols = row_width([length for _, _, length in group], tile)
+        segments, row = [], 0
+        for i, start, length in group:
+            segments.append(Segment(i, start, length, row))
+            row += -(-length // cols)
+        out.append(Launch(tuple(segments), cols, row, True))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
 class AdamwPlan(nl.NKIObject):
-    """Tiles of one launch: its chunks ``(tensor, offset, rows, cols)`` (a ``[rows, cols]``
-    view of ``rows * cols`` contiguous elements of tensor ``tensor`` from ``offset``) in
-    waves of ``in_flight``, and the budgets. Derived once by :func:`plan`; the kernel
-    reads only this."""
+    """Tiles of one launch over its ``[rows, cols]`` buffers: its chunks ``(row0, rows)``
+    (rows ``[row0, row0 + rows)``, at most ``partitions``) in waves of ``in_flight``, per
+    core, and the budgets. Derived once by :func:`plan`; the kernel reads only this."""
 
     partitions: int
     tile_free: int
-    n_tensors: int
+    rows: int
+    cols: int
     lnc: int  # physical cores of the launch (kernel[lnc])
-    core_waves: tuple  # per core, its waves: ((tensor, offset, rows, cols), ...) per wave
+    core_waves: tuple  # per core, its waves: ((row0, rows), ...) per wave
     amsgrad: bool
     masked: bool  # found_inf given: the gradient's bits are masked
     rounding: bool  # stochastic rounding of the bf16 param (else round to nearest even)
@@ -181,29 +275,12 @@ class AdamwPlan(nl.NKIObject):
     psum_banks: int
 
 
-def _chunks(numel: int, partitions: int, tile_free: int) -> tuple:
-    """Full ``[P, tile_free]`` chunks, then one ``[P, rest // P]`` and one ``[rest % P, 1]``."""
-    out = []
-    full = partitions * tile_free
-    offset = 0
-    for _ in range(numel // full):
-        out.append((offset, partitions, tile_free))
-        offset += full
-    rest = numel - offset
-    if rest >= partitions:
-        cols = rest // partitions
-        out.append((offset, partitions, cols))
-        offset += partitions * cols
-    if numel - offset:
-        out.append((offset, numel - offset, 1))
-    return tuple(out)
-
-
 def _chunk_bytes(cols: int, dtype: str, grad_dtype: str, amsgrad: bool) -> int:
-    """SBUF bytes per partition of one chunk's tiles: p, g, m, v, (vmax), two fp32
-    temporaries (each reused once), and for a 2-byte param an fp32 decayed copy."""
+    """SBUF bytes per partition of one chunk's tiles: its coefficient row, p, g, m, v,
+    (vmax), two fp32 temporaries (each reused once), and for a 2-byte param an fp32
+    decayed copy."""
     fp32_tiles = 2 + int(amsgrad) + 2 + int(ITEMSIZE[dtype] != 4)
-    return cols * (ITEMSIZE[dtype] + ITEMSIZE[grad_dtype] + 4 * fp32_tiles)
+    return cols * (ITEMSIZE[dtype] + ITEMSIZE[grad_dtype] + 4 * fp32_tiles) + 4 * N_COEFFICIENTS
 
 
 def _rounding_allowed(dtype: str, rounding: bool) -> None:
@@ -215,33 +292,35 @@ def _rounding_allowed(dtype: str, rounding: bool) -> None:
 
 
 def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target, lnc: int = 1) -> AdamwPlan:
-    """The tile plan of ``config`` for one launch, the chunks of the flattened tensors
-    split over ``lnc`` cores by element count (every chunk is independent: each core
-    updates its own elements in place, so the cores never touch the same bytes).
+    """The tile plan of ``config`` for one launch: its ``rows`` x ``cols`` buffers cut into
+    chunks of up to ``partitions`` whole rows, the chunks split over ``lnc`` cores by
+    element count (every chunk is independent: each core writes only its own rows).
 
     ``problem`` gives ``tensors`` and ``numel`` (the largest tensor) and, for a real
-    launch, ``sizes`` (each tensor's element count); without ``sizes`` every tensor has
-    ``numel`` elements (the budget check). Budget: ``in_flight + 1`` chunks' tiles (the
-    interleaved ones and the next one loading) plus the coefficient table.
+    launch, ``rows`` and ``cols`` (its :class:`Launch`). Without them (the budget check) it
+    plans the worst launch the op can make of ``tensors`` tensors of up to ``numel``
+    elements: the widest rows :func:`launches` can give them, every chunk on one core. Budget: ``in_flight + 1`` chunks' tiles (the
+    interleaved ones and the next one loading) with their coefficient rows.
     """
-    sizes = problem.get("sizes") or (problem["numel"],) * problem["tensors"]
     pmax = target.pmax
     amsgrad = bool(problem.get("amsgrad", True))
-    work = [(i, *c) for i, n in enumerate(sizes) for c in _chunks(n, pmax, config.tile_free)]
+    if problem.get("rows"):
+        rows, cols = problem["rows"], problem["cols"]
+    else:
+        numel, n = max(1, problem["numel"]), max(1, problem["tensors"])
+        cols = config.tile_free  # the widest rows any launch of tensors <= numel can get:
+        while cols > 1 and cols * 8 > numel * 9:  # row_width pads at most 1/8 more
+            cols //= 2
+        rows = n * -(-numel // cols)
+    work = tiled(rows, pmax)
     k = config.in_flight
-    shares = [
-        core_share(work, [rows * cols for _, _, rows, cols in work], c, lnc) for c in range(lnc)
-    ]
+    shares = [core_share(work, [r * cols for _, r in work], c, lnc) for c in range(lnc)]
     core_waves = tuple(
-        tuple(tuple(share[w : w + n]) for w, n in tiled(len(share), k)) for share in shares
+        tuple(tuple(share[w : w + m]) for w, m in tiled(len(share), k)) for share in shares
     )
     most = max(len(share) for share in shares)
-    if not problem.get("sizes"):
-        # The budget check: real sizes (<= numel) can leave one core more chunks than the
-        # even split gives (core_share balances elements, not chunks), so budget for the
-        # most any core could get.
-        most = len(work)
-    cols = min(config.tile_free, max(1, max(sizes) // pmax))
+    if not problem.get("rows"):
+        most = len(work)  # the budget check: as if one core had every chunk
     grad_dtype = problem.get("grad_dtype", dtype)
     chunk = _chunk_bytes(cols, dtype, grad_dtype, amsgrad)
     rounding = bool(problem.get("rounding", False))
@@ -250,7 +329,8 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target, lnc: in
     return AdamwPlan(
         partitions=pmax,
         tile_free=config.tile_free,
-        n_tensors=len(sizes),
+        rows=rows,
+        cols=cols,
         lnc=lnc,
         core_waves=core_waves,
         amsgrad=amsgrad,
@@ -259,17 +339,12 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target, lnc: in
         engines=config.engines,
         hwdge=target.has_hwdge,
         n_coefficients=N_COEFFICIENTS,
-        sbuf_bytes=in_flight * chunk + len(sizes) * N_COEFFICIENTS * 4 + 8 * rounding,
+        sbuf_bytes=in_flight * chunk + 8 * rounding,
         psum_banks=0,
     )
 
 
 # -- the NKI kernel ----------------------------------------------------------------------
-
-
-def _view(t, offset, rows, cols):
-    """``[rows, cols]`` view of the flat HBM tensor ``t`` from ``offset``."""
-    return t[offset : offset + rows * cols].reshape((rows, cols))
 
 
 def _load(dst, src, plan):
@@ -302,20 +377,22 @@ def _two_tile_engine(plan):
     return nisa.engine.gpsimd if plan.engines == "spread" else nisa.engine.vector
 
 
-def _open_chunk(hbm, coef, tensor, offset, rows, cols, plan):
-    """Allocate one chunk's tiles and load p, g, m, v (, vmax): a dict of its tiles."""
-    fp32 = nl.float32
-    base = tensor * plan.n_coefficients
-    t = {"rows": rows, "cols": cols, "offset": offset}
-    t["coef"] = coef[0:rows, base : base + plan.n_coefficients]
+def _open_chunk(ins, outs, coefficients, row0, rows, plan):
+    """Allocate one chunk's tiles and load its coefficient rows and p, g, m, v (, vmax):
+    a dict of its tiles, and of the output rows they are stored to."""
+    fp32, cols = nl.float32, plan.cols
+    t = {"rows": rows, "cols": cols}
+    t["coef"] = nl.ndarray((rows, plan.n_coefficients), dtype=fp32, buffer=nl.sbuf, name="coef")
+    _load(t["coef"], coefficients[row0 : row0 + rows, 0 : plan.n_coefficients], plan)
     t["hbm"] = {}
     for name in ("g", "m", "v", "p", "vmax"):
         if name == "vmax" and not plan.amsgrad:
             continue
-        src = _view(hbm[name][tensor], offset, rows, cols)
+        src = ins[name][row0 : row0 + rows, 0:cols]
         dtype = src.dtype if name in ("p", "g") else fp32
         t[name] = nl.ndarray((rows, cols), dtype=dtype, buffer=nl.sbuf, name=name)
-        t["hbm"][name] = src
+        if name != "g":
+            t["hbm"][name] = outs[name][row0 : row0 + rows, 0:cols]
         _load(t[name], src, plan)
     t["a"] = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="g1_then_u")
     t["b"] = nl.ndarray((rows, cols), dtype=fp32, buffer=nl.sbuf, name="g2_then_r")
@@ -425,8 +502,11 @@ def _step_round(t, hash_m1, hash_m2, plan):
     bits = t["pw"].view(nl.int32)
     m1, m2 = hash_m1[0:rows, :].broadcast(1, cols), hash_m2[0:rows, :].broadcast(1, cols)
     i32, gpsimd = nl.int32, nisa.engine.gpsimd
-    # x = element index in the tensor: offset + partition * cols + column
-    nisa.iota(dst=x, pattern=[[1, cols]], offset=t["offset"], channel_multiplier=cols)
+    # x = element index in the tensor: the row's first element's (a coefficient column,
+    # rows of one chunk can come from different tensors) + column, exact on GpSimdE
+    nisa.iota(dst=x, pattern=[[1, cols]], offset=0, channel_multiplier=0)
+    first = _col(t, ROW_INDEX).view(i32).broadcast(1, cols)
+    nisa.tensor_tensor(dst=x, data1=x, data2=first, op=nl.add, engine=gpsimd)
     nisa.tensor_scalar(dst=x, data=x, op0=nl.bitwise_xor, operand0=_col(t, SEED).view(i32))
     nisa.tensor_tensor(dst=x, data1=x, data2=m1, op=nl.multiply, engine=gpsimd)
     nisa.tensor_scalar(dst=y, data=x, op0=nl.right_shift, operand0=15)
@@ -440,7 +520,7 @@ def _step_round(t, hash_m1, hash_m2, plan):
 
 
 def _close_chunk(t, plan):
-    """Store p, m, v (, vmax) back where they came from."""
+    """Store p, m, v (, vmax) to the kernel's outputs."""
     for name in ("p", "m", "v", "vmax"):
         if name in t["hbm"]:
             _store(t["hbm"][name], t[name], plan)
@@ -448,26 +528,38 @@ def _close_chunk(t, plan):
 
 @nki.jit
 def fused_adamw_kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, coefficients, plan):
-    """One AdamW step, in place, for tuples of flat HBM tensors.
+    """One AdamW step over one launch's ``[rows, cols]`` HBM buffers; returns the new
+    ``(params, exp_avgs, exp_avg_sqs)``, and ``max_exp_avg_sqs`` last with amsgrad.
 
     ``params`` fp32/bf16, ``grads`` the params' dtype (or lower with fp32 params),
-    ``exp_avgs``/``exp_avg_sqs``/``max_exp_avg_sqs`` fp32 (the last empty without
-    amsgrad); ``coefficients`` ``[1, n * 13]`` fp32, tensor ``i``'s columns at ``i * 13``
-    (see the column list at the top of the module). Returns nothing: every update is in place.
+    ``exp_avgs``/``exp_avg_sqs``/``max_exp_avg_sqs`` fp32 (the last None without amsgrad);
+    ``coefficients`` ``[rows, 14]`` fp32, each row's tensor's coefficients (the column list
+    at the top of the module). Every argument is one top-level tensor, never a list, and
+    nothing is written in place: ``torch_neuronx.wrap_nki`` passes only top-level tensors
+    as operands, and NKI 0.6 kernels return their outputs (no operand aliasing there), so
+    the op copies the results into its tensors (see :func:`launches` for why the buffers
+    are packed small tensors or a large tensor itself).
+
     The chunks of a wave go through each step of the chain together (see ``in_flight``).
     Launched as ``fused_adamw_kernel[plan.lnc]``: each physical core updates its own chunks,
-    ``plan.core_waves[nl.program_id(0)]``.
+    ``plan.core_waves[nl.program_id(0)]``, and writes only their rows of the outputs.
     """
-    n = len(params)
-    assert n == plan.n_tensors, "adamw: the plan was made for another tensor count"
+    assert params.shape == (plan.rows, plan.cols), "adamw: the plan was made for other buffers"
     assert nl.num_programs(0) == plan.lnc, "adamw: launch fused_adamw_kernel[plan.lnc]"
+    shape, fp32 = (plan.rows, plan.cols), nl.float32
+    new_p = nl.ndarray(shape, dtype=params.dtype, buffer=nl.shared_hbm, name="new_params")
+    new_m = nl.ndarray(shape, dtype=fp32, buffer=nl.shared_hbm, name="new_exp_avgs")
+    new_v = nl.ndarray(shape, dtype=fp32, buffer=nl.shared_hbm, name="new_exp_avg_sqs")
+    outs = {"p": new_p, "m": new_m, "v": new_v}
+    result = (new_p, new_m, new_v)
+    if plan.amsgrad:
+        outs["vmax"] = nl.ndarray(shape, dtype=fp32, buffer=nl.shared_hbm, name="new_max_sqs")
+        result = (new_p, new_m, new_v, outs["vmax"])
     my_waves = plan.core_waves[nl.program_id(0)]
     if len(my_waves) == 0:  # fewer chunks than cores: nothing to update on this core
-        return None
+        return result
     P = plan.partitions
-    coef = nl.ndarray((P, n * plan.n_coefficients), dtype=nl.float32, buffer=nl.sbuf, name="coef")
-    _load(coef, coefficients.broadcast(0, P), plan)  # one row to every partition
-    hbm = {"p": params, "g": grads, "m": exp_avgs, "v": exp_avg_sqs, "vmax": max_exp_avg_sqs}
+    ins = {"p": params, "g": grads, "m": exp_avgs, "v": exp_avg_sqs, "vmax": max_exp_avg_sqs}
     hash_m1 = hash_m2 = None
     if plan.rounding:  # the hash's multipliers as int32 columns (GpSimdE multiplies tiles:
         # each is read as a stride-0 broadcast along the free dim)
@@ -477,8 +569,8 @@ def fused_adamw_kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, co
         nisa.iota(dst=hash_m2, pattern=[[0, 1]], offset=HASH_M2)
     for wave in my_waves:
         tiles = []
-        for tensor, offset, rows, cols in wave:
-            tiles.append(_open_chunk(hbm, coef, tensor, offset, rows, cols, plan))
+        for row0, rows in wave:
+            tiles.append(_open_chunk(ins, outs, coefficients, row0, rows, plan))
         for t in tiles:
             _step_mask(t, plan)
         for t in tiles:
@@ -495,6 +587,7 @@ def fused_adamw_kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, co
             _step_round(t, hash_m1, hash_m2, plan)
         for t in tiles:
             _close_chunk(t, plan)
+    return result
 
 
 # -- op-level glue: coefficients, limits, reference -----------------------------------------
@@ -530,8 +623,9 @@ def coefficients(
     state_steps, lr, beta1, beta2, weight_decay, eps, maximize, grad_scale, found_inf, device,
     rounding_keys=None,
 ) -> torch.Tensor:  # fmt: skip
-    """The ``[1, n * 13]`` fp32 coefficient table, computed on ``device`` without a host sync
-    (fp64 arithmetic where the device has it, then rounded once to fp32)."""
+    """The ``[n, 14]`` fp32 per-tensor coefficient table, computed on ``device`` without a
+    host sync (fp64 arithmetic where the device has it, then rounded once to fp32);
+    ``ROW_INDEX`` is 0 here (each launch's rows set their own, :func:`row_coefficients`)."""
     wide = torch.float64 if device.type == "cpu" else torch.float32
     step = torch.stack([s.reshape(()).to(device=device, dtype=wide) for s in state_steps])
     n = step.numel()
@@ -568,12 +662,28 @@ def coefficients(
     )
     cols[ZERO] = full * 0
     cols[SEED] = full * 0  # int32 bits below
+    cols[ROW_INDEX] = full * 0  # int32 bits, per row of a launch
     table = torch.stack(cols, dim=1).to(torch.float32).contiguous()
     mask = torch.where(keep, -1, 0).to(device=device, dtype=torch.int32)
     table.view(torch.int32)[:, MASK] = mask
     if rounding_keys is not None:
         table.view(torch.int32)[:, SEED] = rounding_keys.to(device=device, dtype=torch.int32)
-    return table.reshape(1, n * N_COEFFICIENTS)
+    return table
+
+
+def row_coefficients(table: torch.Tensor, launch: Launch) -> torch.Tensor:
+    """The ``[rows, 14]`` table of one launch: each row its segment's tensor's coefficients
+    (``table``'s row) with ``ROW_INDEX`` the index in that tensor of the row's first element.
+    The indices are known from the shapes alone: no host sync."""
+    tensors, first = [], []
+    for s in launch.segments:
+        n_rows = -(-s.length // launch.cols)
+        tensors += [s.tensor] * n_rows
+        first += range(s.start, s.start + n_rows * launch.cols, launch.cols)
+    device = table.device
+    rows = table[torch.tensor(tensors, dtype=torch.int64, device=device)]
+    first = torch.tensor(first, dtype=torch.int32, device=device).view(torch.float32)
+    return torch.cat([rows[:, :ROW_INDEX], first.reshape(-1, 1)], dim=1).contiguous()
 
 
 def _tensor_list(arg: str, value) -> list:
@@ -753,6 +863,22 @@ def reference(
 # -- launch from torch -----------------------------------------------------------------------
 
 
+def _launch_buffer(tensors: list, launch: Launch, dtype=None) -> torch.Tensor:
+    """One argument's ``[rows, cols]`` buffer of ``launch``: the tensor itself (a view) when
+    the launch is not packed, else its segments packed, each zero-padded to whole rows."""
+    if not launch.packed:
+        s = launch.segments[0]
+        return tensors[s.tensor].view(-1)[: s.length].view(launch.rows, launch.cols)
+    parts = []
+    for s in launch.segments:
+        flat = tensors[s.tensor].view(-1)[s.start : s.start + s.length]
+        pad = -(-s.length // launch.cols) * launch.cols - s.length
+        parts.append(flat)
+        if pad:
+            parts.append(flat.new_zeros(pad))
+    return torch.cat(parts).view(launch.rows, launch.cols)
+
+
 def run_kernels(
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
@@ -774,8 +900,10 @@ def run_kernels(
     config: AdamwConfig,
     runner,
 ) -> None:
-    """Update every tensor in place: launches of ``config.tensors_per_launch`` tensors each
-    (empty tensors are skipped; they have nothing to update)."""
+    """Update every tensor: the kernel launches of :func:`launches` (empty tensors are
+    skipped; they have nothing to update), each one's results copied (``copy_``) into the
+    op's tensors right after it. Every launch is planned and checked before the first runs,
+    so a refusal leaves every tensor as it was."""
     live = [i for i, p in enumerate(params) if p.numel() > 0]
     if not live:
         return None
@@ -783,29 +911,43 @@ def run_kernels(
     keys = None
     if stochastic_rounding_seed is not None:  # keyed by position in the op's lists
         keys = rounding_keys(stochastic_rounding_seed, state_steps, device)[live]
+    dtype = dtype_name(params[live[0]])
+    # int(): a dynamic-shape trace specializes on the sizes (a kernel is built for its shapes)
+    work = launches([int(params[i].numel()) for i in live], config, runner.target.pmax)
+    plans = []
+    for launch in work:
+        sizes = tuple(s.length for s in launch.segments)
+        problem = {
+            "tensors": len(sizes),
+            "numel": max(sizes),
+            "amsgrad": amsgrad,
+            "rows": launch.rows,
+            "cols": launch.cols,
+            "masked": found_inf is not None,
+            "rounding": stochastic_rounding_seed is not None,
+            "grad_dtype": dtype_name(grads[live[0]]),
+        }
+        plans.append(SPEC.check(problem, dtype, config, runner.target, runner_lnc(runner)))
     table = coefficients(
         [state_steps[i] for i in live], lr, beta1, beta2, weight_decay, eps, maximize,
         grad_scale, found_inf, device, keys,
-    ).reshape(len(live), N_COEFFICIENTS)  # fmt: skip
-    dtype = dtype_name(params[live[0]])
-    per_launch = config.tensors_per_launch
-    for start in range(0, len(live), per_launch):
-        ids = live[start : start + per_launch]
-        flat = [[ts[i].view(-1) for i in ids] for ts in (params, grads, exp_avgs, exp_avg_sqs)]
-        vmax = tuple(max_exp_avg_sqs[i].view(-1) for i in ids) if amsgrad else ()
-        sizes = tuple(params[i].numel() for i in ids)
-        launch = {
-            "tensors": len(ids),
-            "numel": max(sizes),
-            "amsgrad": amsgrad,
-            "sizes": sizes,
-            "masked": found_inf is not None,
-            "rounding": stochastic_rounding_seed is not None,
-            "grad_dtype": dtype_name(grads[ids[0]]),
-        }
-        tiles = SPEC.check(launch, dtype, config, runner.target, runner_lnc(runner))
-        coef = table[start : start + len(ids)].reshape(1, len(ids) * N_COEFFICIENTS).contiguous()
-        runner(fused_adamw_kernel[tiles.lnc], *(tuple(f) for f in flat), vmax, coef, tiles)
+    )  # fmt: skip
+    lists = [[ts[i] for i in live] for ts in (params, grads, exp_avgs, exp_avg_sqs)]
+    mutated = [lists[0], lists[2], lists[3]]
+    if amsgrad:
+        lists.append([max_exp_avg_sqs[i] for i in live])
+        mutated.append(lists[4])
+    for launch, tiles in zip(work, plans):
+        buffers = [_launch_buffer(ts, launch) for ts in lists]
+        vmax = buffers[4] if amsgrad else None
+        coef = row_coefficients(table, launch)
+        kernel = fused_adamw_kernel[tiles.lnc]
+        new = runner(kernel, buffers[0], buffers[1], buffers[2], buffers[3], vmax, coef, tiles)
+        for ts, out in zip(mutated, new):
+            flat = out.reshape(-1)
+            for s in launch.segments:
+                at = s.row0 * launch.cols
+                ts[s.tensor].view(-1)[s.start : s.start + s.length].copy_(flat[at : at + s.length])
     return None
 
 

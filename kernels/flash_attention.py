@@ -1370,12 +1370,17 @@ def shape_bucket(problem: dict) -> str:
     )
 
 
-def kv_group_slice(problem: dict) -> tuple[dict, int]:
-    """One (batch, KV head) group and the group count: the kernel runs ``B * Hkv`` such
-    groups one after another, each reading only its K/V head and its ``H / Hkv`` query heads
-    (the cost model's ``OpSpec.model_slice``)."""
+def kv_group_slice(problem: dict, lnc: int = 1) -> tuple[dict, int]:
+    """``lnc`` (batch, KV head) groups and how many such slices the launch runs: the kernel
+    runs ``B * Hkv`` groups, each reading only its K/V head and its ``H / Hkv`` query heads;
+    at LNC=k the cores take whole groups round robin (:func:`split_groups`), so a slice of
+    k groups is one group per core. Where the groups do not divide over the cores (some
+    are split by query tiles), the slice is the whole launch (the cost model's
+    ``OpSpec.model_slice``)."""
     b, h, hkv = problem["b"], problem["h"], problem["hkv"]
-    return {**problem, "b": 1, "h": h // hkv, "hkv": 1}, b * hkv
+    if (b * hkv) % lnc:
+        return problem, 1
+    return {**problem, "b": 1, "h": lnc * (h // hkv), "hkv": lnc}, b * hkv // lnc
 
 
 def _bad_inputs(op):

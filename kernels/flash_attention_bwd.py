@@ -960,11 +960,16 @@ def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     return dout, q, k, v, o.to(tdt), lse.to(torch.float32), causal, None
 
 
-def kv_group_slice(problem: dict) -> tuple[dict, int]:
-    """One (batch, KV head) group and the group count: the kernel runs ``B * Hkv`` such
-    groups one after another, each with its own dK/dV accumulation over its query heads
+def kv_group_slice(problem: dict, lnc: int = 1) -> tuple[dict, int]:
+    """``lnc`` (batch, KV head) groups and how many such slices the launch runs: the kernel
+    runs ``B * Hkv`` groups, each with its own dK/dV accumulation over its query heads; at
+    LNC=k the cores take whole groups while they divide evenly (``split_groups`` is 0), so
+    a slice of k groups is one group per core. Otherwise the slice is the whole launch
     (the cost model's ``OpSpec.model_slice``)."""
-    return {**problem, "b": 1, "hkv": 1}, problem["b"] * problem["hkv"]
+    b, hkv = problem["b"], problem["hkv"]
+    if (b * hkv) % lnc:
+        return problem, 1
+    return {**problem, "b": 1, "hkv": lnc}, b * hkv // lnc
 
 
 def _bad_inputs():

@@ -247,12 +247,14 @@ class OpSpec:
         mutates: names of the (tensor or tensor-list) arguments the op updates in place.
             Such an op returns None; its reference updates the same arguments (the
             contract tests compare them), and ``torch_ops`` declares them as mutated.
-        model_slice: ``model_slice(problem) -> (slice_problem, copies)``: set when the
-            kernels run ``copies`` independent, identical pieces of ``slice_problem`` one
-            after another (attention's (batch, KV head) groups), sharing nothing but the
-            core. At LNC=1 the tuner's model backend then traces one piece and multiplies its
-            modeled latency by ``copies`` (at LNC > 1 it traces the whole launch) (dropping only the overlap of one piece's tail with the
-            next one's head: a slight overestimate, tested in ``tests/autotune``).
+        model_slice: ``model_slice(problem, lnc) -> (slice_problem, copies)``: set when
+            the kernels launched at LNC ``lnc`` run ``copies`` independent, identical pieces
+            of ``slice_problem`` one after another on every core (attention's (batch, KV
+            head) groups, ``lnc`` of them per piece: one per core), sharing nothing but the
+            cores. The tuner's model backend then traces one piece and multiplies its
+            modeled latency by ``copies`` (dropping only the overlap of one piece's tail
+            with the next one's head: a slight overestimate, tested in ``tests/autotune``);
+            ``copies == 1`` traces the whole launch.
         committed_shapes: ``((shape, dtype, what), ...)``: the shapes the shipped
             ``perf_results/`` configs are tuned at (``autotune --committed``), in the op's shape
             syntax; default: the op's entry in ``autotune/shapes.py`` if it has one, else
@@ -280,7 +282,7 @@ class OpSpec:
     description: str = ""
     composite: Callable[..., Any] | None = None
     mutates: tuple[str, ...] = ()
-    model_slice: Callable[[dict], tuple[dict, int]] | None = None
+    model_slice: Callable[[dict, int], tuple[dict, int]] | None = None
     committed_shapes: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:

@@ -11,7 +11,9 @@ double's ``neuron`` backend (AOTAutograd that refuses any node that is neither A
 kernel wrapper, as the real torch-mlir lowering has no rule for a bare ``neuron::*`` op or
 ``auto_functionalized``) the Llama block compiles with ``fullgraph=True``, forward and
 backward, holds one kernel-wrapper node per kernel launch and none of the ops' reference
-math, and matches eager; every launch carries the LNC grid and a mismatched one fails with
+math, and matches eager; a compiled ``FusedAdamW`` step is kernel-wrapper nodes whose results
+are copied into its inputs, and changes the params as eager (an optimizer step never
+silently does nothing); every launch carries the LNC grid and a mismatched one fails with
 EVRF066's message; the target and LNC come from torch-neuronx's queries; the contract suite
 passes with torch-neuronx importable.
 
@@ -39,10 +41,6 @@ EXAMPLES = ROOT / "examples"
 # The checks below run at LNC=1 unless they say otherwise (the kernels split their work by
 # nl.program_id, so LNC=2 is the Llama block's second case; the contract suite runs at both
 # LNCs without the double).
-ITEM_2 = (
-    "issue 29 item 2 (pending): fused_adamw_ passes tensor lists to one kernel, which "
-    "torch_neuronx.wrap_nki cannot carry; until it lands the neuron branch refuses the op"
-)
 
 
 def _run(
@@ -391,13 +389,14 @@ def test_contract_suite_passes_with_the_double_installed():
 
 def test_contract_checks_pass_on_the_neuron_branch():
     """CPU tensors playing the neuron device: opcheck, autograd and compile through the
-    ``wrap_nki`` launches (fused_adamw_ is issue 29 item 2, below)."""
+    ``wrap_nki`` launches, fused_adamw_ included (its kernel takes top-level tensors and
+    returns the new ones, which the op copies back)."""
     result = _pytest(
         str(ROOT / "tests" / "contract" / "test_ops.py"),
         "-p",
         "cpu_plays_neuron",
         "-k",
-        f"({OP_LEVEL}) and not fused_adamw",
+        OP_LEVEL,
     )
     assert result.returncode == 0, result.stdout[-6000:]
 
@@ -408,50 +407,54 @@ ADAMW_SCRIPT = """
 import torch
 import neuron_kernels
 import cpu_plays_neuron  # noqa: F401
+from torch_neuronx import nki_hop
+from torch_neuronx.neuron_dynamo_backend.backend import COMPILED_GRAPHS
 from neuron_kernels.kernels import adamw
-from neuron_kernels.errors import LimitError
 from neuron_kernels.torch_ops.optim import FusedAdamW
 
 torch.manual_seed(0)
-params = [torch.nn.Parameter(torch.randn(300)), torch.nn.Parameter(torch.randn(17, 5))]
+# one tensor of whole 2048-wide rows and more (its own zero-copy launch, its last 5
+# elements packed) and two small ones: two launches
+shapes = [(128 * 2048 + 5,), (300,), (17, 5)]
+params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
 for p in params:
     p.grad = torch.randn_like(p)
 eager_params = [p.detach().clone().requires_grad_(True) for p in params]
 for p, q in zip(eager_params, params):
     p.grad = q.grad.clone()
+eager, opt = torch.optim.AdamW(eager_params, lr=1e-2), FusedAdamW(params, lr=1e-2)
+eager.step()  # a first step in eager, so the state exists before the compiled one
+opt.step()
 before = [p.detach().clone() for p in params]
-torch.optim.AdamW(eager_params, lr=1e-2).step()  # what the step must do
-opt = FusedAdamW(params, lr=1e-2)
-try:
-    torch.compile(opt.step, backend="neuron")()
-except Exception as err:  # Dynamo wraps what the op raised while tracing it
-    cause, seen = err, set()
-    while cause is not None and not isinstance(cause, LimitError) and id(cause) not in seen:
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    if not isinstance(cause, LimitError):
-        raise
-    print("refused:", cause)
-    raise SystemExit(3)
+eager.step()  # what the compiled step must do
+nki_hop.LAUNCHES.clear()
+torch.compile(opt.step, backend="neuron")()
+nodes = [n for g in COMPILED_GRAPHS for n in g.graph.nodes if n.op == "call_function"]
+wrappers = [n for n in nodes if n.target is nki_hop.nki_kernel_wrapper]
+copies = [n for n in nodes if n.target is torch.ops.aten.copy_.default]
+names = {n.name for g in COMPILED_GRAPHS for n in g.graph.nodes if n.op == "placeholder"}
+print("wrappers", len(wrappers), "launches", len(nki_hop.LAUNCHES))
+print("copied back", len({n.args[0].name for n in copies if n.args[0].name in names}))
 changed = [not torch.equal(p, b) for p, b in zip(params, before)]
 assert all(changed), "the compiled step left the parameters unchanged"
 tol = adamw.SPEC.tolerances["float32"]
 for p, q in zip(params, eager_params):
     torch.testing.assert_close(p.detach(), q.detach(), rtol=tol.rtol, atol=tol.atol)
+for p in params:
+    st = opt.state[p]
+    assert st["exp_avg"].abs().sum() > 0 and st["exp_avg_sq"].abs().sum() > 0
 print("ok")
 """
 
 
-def test_a_compiled_fused_adamw_step_on_the_neuron_branch_fails_loudly():
-    """Until item 2 lands, the step must refuse, never leave the parameters as they were."""
-    result = _run(ADAMW_SCRIPT)
-    assert result.returncode == 3, result.stdout + result.stderr[-3000:]
-    assert "refused: fused_adamw_kernel: params must be a tensor or a constant" in result.stdout
-
-
-@pytest.mark.xfail(strict=True, reason=ITEM_2)
 def test_a_compiled_fused_adamw_step_updates_the_parameters_as_eager():
-    assert _ok(_run(ADAMW_SCRIPT)).strip() == "ok"
+    """The compiled (second) step is two kernel-wrapper nodes (a zero-copy launch for the
+    large tensor's whole rows, a packed one for the rest), each run once, whose results the
+    graph copies into its inputs (``aten.copy_``: the backend keeps input mutations): the
+    three params, their two moments and their step counts, 12 inputs; the params change as
+    eager AdamW changes them. Before issue 29 item 2 the op was refused here."""
+    lines = _ok(_run(ADAMW_SCRIPT)).splitlines()
+    assert lines[-3:] == ["wrappers 2 launches 2", "copied back 12", "ok"], lines
 
 
 # -- examples/trn2_smoke.py on the double ---------------------------------------------------
@@ -487,13 +490,10 @@ def test_trn2_smoke_runs_on_the_double():
     for check in OP_CHECKS:
         assert lines[check] == "PASS", result.stdout + result.stderr[-3000:]
     assert "compile backend neuron" in result.stdout, result.stdout
-    # FusedAdamW is issue 29 item 2: refused in one line each, so the script fails; so does
-    # the hardware tuning check, which needs a NeuronCore (tests/autotune plays one).
-    assert lines["FusedAdamW eager"] == lines["FusedAdamW compiled"] == "FAIL", result.stdout
+    # The hardware tuning check needs a NeuronCore (tests/autotune plays one): it fails here.
     assert lines["hardware tuning"] == "FAIL" and result.returncode == 1
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM_2)
 def test_trn2_smoke_op_checks_all_pass_on_the_double():
     lines = _smoke_lines(_run(SMOKE).stdout)
     checks = OP_CHECKS + ["FusedAdamW eager", "FusedAdamW compiled"]

@@ -41,13 +41,7 @@ def _register_composite(spec: OpSpec, sig: inspect.Signature, bind):
     names = list(sig.parameters)
 
     def composite_impl(*args, **kwargs):
-        args = bind(args, kwargs)
-        _check_dense(spec, names, args)
-        if any(isinstance(t, FakeTensor) for t in _tensors(args)):  # traced by torch.compile
-            _validate_traced(spec, args)
-        else:
-            spec.validate(*args)
-        return spec.composite(*args)
+        return spec.composite(*_checked(spec, names, bind, args, kwargs))
 
     composite_impl.__signature__ = sig
     composite_impl.__name__ = spec.name
@@ -119,6 +113,19 @@ def _validate_traced(spec: OpSpec, args: tuple) -> None:
         raise TracedLimitError.of(exc) from exc
 
 
+def _checked(spec: OpSpec, names: list, bind, args, kwargs) -> tuple:
+    """The op's arguments bound in signature order, refused before any work when a tensor is
+    not dense or ``spec.validate`` rejects them (under a ``torch.compile`` trace as a
+    :class:`TracedLimitError`)."""
+    args = bind(args, kwargs)
+    _check_dense(spec, names, args)
+    if any(isinstance(t, FakeTensor) for t in _tensors(args)):  # traced by torch.compile
+        _validate_traced(spec, args)
+    else:
+        spec.validate(*args)
+    return args
+
+
 def _host_op(spec: OpSpec, sig: inspect.Signature, bind, qualname: str):
     """The op as it is registered without TorchNeuron: a ``torch.library`` custom op whose
     default impl runs reference math (or the interpreted kernel) for CPU tensors, with a
@@ -128,9 +135,7 @@ def _host_op(spec: OpSpec, sig: inspect.Signature, bind, qualname: str):
     arg_names = list(sig.parameters)
 
     def default_impl(*args, **kwargs):
-        args = bind(args, kwargs)
-        _check_dense(spec, arg_names, args)
-        spec.validate(*args)
+        args = _checked(spec, arg_names, bind, args, kwargs)
         tensors = _tensors(args)
         if not tensors:  # e.g. empty tensor lists: nothing to compute, no device to pick
             return spec.reference(*args, upcast=False)
@@ -159,9 +164,7 @@ def _host_op(spec: OpSpec, sig: inspect.Signature, bind, qualname: str):
     op.register_fake(fake_impl)
 
     def neuron_impl(*args, **kwargs):
-        args = bind(args, kwargs)
-        _check_dense(spec, arg_names, args)
-        spec.validate(*args)
+        args = _checked(spec, arg_names, bind, args, kwargs)
         if routing.kernels_disabled():  # the rollback switch holds on the neuron device too
             return spec.reference(*args, upcast=False)
         runner = neuron_device.device_runner()
@@ -208,12 +211,7 @@ def _nki_op(spec: OpSpec, sig: inspect.Signature, bind, api):
     arg_names = list(sig.parameters)
 
     def body(*args, **kwargs):
-        args = bind(args, kwargs)
-        _check_dense(spec, arg_names, args)
-        if any(isinstance(t, FakeTensor) for t in _tensors(args)):  # traced by torch.compile
-            _validate_traced(spec, args)
-        else:
-            spec.validate(*args)
+        args = _checked(spec, arg_names, bind, args, kwargs)
         tensors = _tensors(args)
         if not tensors or not neuron_device.is_neuron(tensors[0]):
             return host(*args)

@@ -103,7 +103,7 @@ def _check_operands(kernel, args, kwargs) -> None:
                 getattr(kernel, "__name__", str(kernel)),
                 name,
                 "must be a tensor or a constant: torch_neuronx.wrap_nki passes only top-level "
-                "tensors to a kernel (tensor lists are issue 29 item 2, pending)",
+                "tensors to a kernel",
                 f"a {type(value).__name__} of {len(value)} tensors",
             )
 

@@ -1,5 +1,6 @@
 """``OpSpec.model_slice``: the model backend traces one independent piece of a problem and
-multiplies by the piece count. The pieces run one after another on the core, so the sum
+multiplies by the piece count; at LNC=k a piece holds one group per core (the cores take
+whole groups round robin). The pieces run one after another on each core, so the sum
 drops only the overlap of one piece's tail with the next one's head: it may overestimate
 the full trace, never underestimate it, and the overestimate is small once each piece
 is long.
@@ -36,13 +37,15 @@ def test_exactly_the_attention_ops_declare_a_slice():
     )
 
 
+@pytest.mark.parametrize("lnc", [1, 2])
 @pytest.mark.parametrize("name,shape", SLICED_SHAPES)
-def test_slice_times_copies_bounds_the_full_trace_from_above(name, shape):
+def test_slice_times_copies_bounds_the_full_trace_from_above(name, shape, lnc):
     spec = REGISTRY[name]
     point = make_point(spec, shape, "bfloat16")
-    traced, copies = spec.model_slice(point.problem)
-    assert copies == point.problem["b"] * point.problem["hkv"] == 4
-    backend = ModelBackend("trn2")
+    traced, copies = spec.model_slice(point.problem, lnc)
+    assert copies == point.problem["b"] * point.problem["hkv"] // lnc == 4 // lnc
+    assert traced["b"] == 1 and traced["hkv"] == lnc  # one group per core
+    backend = ModelBackend("trn2", lnc=lnc)
     config = spec.config.default()
     sliced = backend.measure(spec, point.problem, "bfloat16", config)
     full = backend.measure(
@@ -50,21 +53,33 @@ def test_slice_times_copies_bounds_the_full_trace_from_above(name, shape):
     )
     ratio = sliced.latency_us / full.latency_us
     assert 1.0 <= ratio <= OVERESTIMATE_BOUND, (
-        f"{name} {shape}: slice x {copies} / full = {ratio:.4f}"
+        f"{name} {shape} LNC={lnc}: slice x {copies} / full = {ratio:.4f}"
     )
     # Same floor either way: the slice's TensorE floor times the copies is the full one.
     assert sliced.floor_us == pytest.approx(full.floor_us, rel=1e-9)
     assert sliced.floor_engine == full.floor_engine
     assert sliced.extra == {
         "traced_problem": ",".join(f"{k}={v}" for k, v in traced.items()),
-        "copies": 4,
+        "copies": copies,
     }
     assert full.extra == {}
+
+
+def test_groups_that_do_not_divide_over_the_cores_trace_the_whole_launch():
+    """Three groups at LNC=2: one is split by query tiles, so no slice repeats exactly."""
+    for name, shape in (
+        ("flash_attention_fwd", "1x12x3x512x512x128"),
+        ("flash_attention_bwd", "1x3x4x512x512x128"),
+    ):
+        problem = make_point(REGISTRY[name], shape, "bfloat16").problem
+        assert REGISTRY[name].model_slice(problem, 2) == (problem, 1)
+        traced, copies = REGISTRY[name].model_slice(problem, 1)
+        assert copies == 3 and traced["hkv"] == 1
 
 
 def test_a_slice_keeps_every_non_size_key():
     spec = REGISTRY["flash_attention_bwd"]
     problem = make_point(spec, "1x8x4x2048x2048x128:causal", "bfloat16").problem
-    traced, copies = spec.model_slice(problem)
+    traced, copies = spec.model_slice(problem, 1)
     assert copies == 8 and traced == {**problem, "b": 1, "hkv": 1}
     assert traced["causal"] is True
