@@ -13,6 +13,32 @@ The contract both directions keep:
       ``Sq - Sk`` query rows see no key: such fully masked rows give ``out = 0`` and
       ``lse = -inf`` (never NaN).
     - ``softmax_scale=None`` means ``1 / sqrt(D)``.
+
+The forward kernel, two-pass softmax (the default; K/V resident in SBUF)::
+
+    for each (batch, KV head) group of this core:            # kernel[lnc]: split by core
+        load K^T [D, Sk] and V [Sk, D] once                   # shared by the group's heads
+        steps = [(query tile, key tile) for every query tile of the group's heads
+                 for every key tile it sees]                  # causal: clipped at the diagonal
+        for step i (software pipeline, one key tile per stage):
+            q^T load              of step i + lead + q_prefetch (its first key tile)
+            max pass              of step i + lead: S = q K^T (TensorE, PSUM), row max
+                                  on VectorE from PSUM; diagonal tiles scaled and masked
+                                  into SBUF (GpSimd) and kept; a tile's last: -max
+            exp pass              of step i: S again (TensorE), P = exp(scale S - max) on
+                                  ScalarE, its row sum in ScalarE's reduce registers
+            P^T                   of step i - lag_transpose: DMA transpose SBUF to SBUF
+                                  (p_dma_tiles of 4), else TensorE + copy out of PSUM
+            P V                   of step i - lag_pv: TensorE, accumulated over every key
+                                  of the query tile in one PSUM bank
+            close                 of step i - lag_close (its last key tile): 1 / l
+                                  (VectorE); a step later out = (P V) / l (ScalarE, from
+                                  PSUM), lse = log l + max, both stored
+
+Each engine runs its instructions in program order, so the stages of one step wait on
+nothing issued in that step. The online softmax (``softmax="online"``, and whenever K/V
+are streamed in blocks) keeps a running max and rescales its accumulator per key tile,
+``q_group`` query tiles in lockstep.
 """
 
 from __future__ import annotations
@@ -221,9 +247,17 @@ class FlashAttentionConfig(TunableConfig):
             transpose through PSUM) or "vector" (VectorE 32x32 blocks, SBUF to SBUF).
         p_copy: which engines evacuate P^T from PSUM: "vector", or "split" (every other
             one on ScalarE).
-        q_group: query tiles processed in lockstep, stage by stage: each engine runs in
-            program order, so one tile's dependency chain (QK^T -> max -> exp -> P^T -> P V
-            -> rescale) is hidden behind the other tiles' work.
+        q_group: online softmax: query tiles processed in lockstep, stage by stage: each
+            engine runs in program order, so one tile's dependency chain (QK^T -> max ->
+            exp -> P^T -> P V -> rescale) is hidden behind the other tiles' work.
+        softmax: "two_pass": a max pass (QK^T, row max on VectorE straight from PSUM) then
+            an exp pass (QK^T again, exp, P^T, P V accumulated in one PSUM bank over every
+            key): no running max, no rescale, one evacuation per query tile; it needs K/V
+            resident (one kv_block), else the online softmax runs. "online": one pass with
+            a running max and a rescaled accumulator per key tile.
+        p_dma_tiles: two-pass: of every 4 key tiles, how many have P^T made by one
+            SBUF-to-SBUF DMA transpose (no engine time; trn2+, 2-byte dtypes, else none);
+            the others go the ``p_transpose`` way.
     """
 
     op_name = OP
@@ -253,6 +287,19 @@ class FlashAttentionConfig(TunableConfig):
         "modeled: 31% of TensorE peak at Sq=Sk=4096 D=128 bf16 vs 21% with 1; 4 needs "
         "10 PSUM banks with the key-tile pipeline",
     )
+    softmax: str = tunable(
+        "two_pass",
+        ("two_pass", "online"),
+        "modeled: Sq=Sk=4096 D=128 bf16, 4 heads, LNC=1: 800 us vs 1400 us online "
+        "(causal 586 vs 958): QK^T twice costs TensorE 1.7 us per query tile, the online "
+        "rescale and P^T copies cost VectorE/ScalarE more",
+    )
+    p_dma_tiles: int = tunable(
+        3,
+        (0, 1, 2, 3, 4),
+        "modeled: same shape 800 us with 3 vs 914 (0), 846 (2), 1003 (4): TensorE and "
+        "the DMA queues balanced",
+    )
 
 
 @dataclass(frozen=True)
@@ -280,6 +327,14 @@ class FlashAttentionPlan(nl.NKIObject):
     q_group: int  # query tiles in lockstep
     pe_transpose_keeps_dtype: bool  # TensorE transposes keep the dtype in PSUM (v3+)
     vector_transpose: int  # VectorE transpose block edge (32)
+    softmax: str  # "two_pass" (K/V resident) or "online" (the config's, or online if streamed)
+    p_dma_tiles: int  # two-pass: key tiles of every 4 whose P^T is made by DMA (0: none)
+    lead: int  # two-pass: key tiles the max pass runs ahead of the exp pass
+    lag_transpose: int  # two-pass: key tiles P^T runs behind its exp
+    lag_pv: int  # two-pass: key tiles P V runs behind its exp
+    lag_close: int  # two-pass: key tiles a query tile's close runs behind its exp
+    hwdge: bool  # the target has hardware DGE queues (v3+): q loads go there
+    q_prefetch: int  # two-pass: key tiles a query tile's q^T load runs ahead of its max pass
     lnc: int  # physical cores of the launch (kernel[lnc])
     core_groups: tuple  # per core, its work: ((b, kv head, ((head, q0), ...)), ...)
     sbuf_bytes: int
@@ -319,6 +374,31 @@ def query_tiles(group: int, sq: int, sk: int, q_tile: int, causal: bool):
             k_end = min(sk, q0 + qs + sk - sq) if causal else sk
             costs.append(max(0, k_end) + q_tile)
     return tiles, costs
+
+
+def _two_pass_budget(sk, d, d_tiles, q_tile, item, causal, config, kv_chunks, lags):
+    """(SBUF bytes per partition, PSUM banks) of the two-pass forward, for its pipeline
+    ``lags = (lead, q_prefetch, lag_pv, lag_close)``: K^T and V resident; P and P^T live
+    from a key tile's exp to its P V (``lag_pv + 1`` key tiles), masked scores from its max
+    pass to its exp (``lead + 1``, causal only); each query tile with a step between its
+    q^T load and its close holds q^T, its per-key-tile max columns and [q, 1] columns and
+    its output rows."""
+    lead, q_prefetch, lag_pv, lag_close = lags
+    key_tiles = ceil_div(sk, config.k_tile)
+    sbuf = d_tiles * sk * item + kv_chunks * d * item
+    if config.load_transpose == "pe":
+        sbuf += 2 * d * item  # q rows awaiting their TensorE transpose
+    chunks = ceil_div(config.k_tile, q_tile)
+    sbuf += (lag_pv + 1) * (config.k_tile * item + chunks * q_tile * item)  # P, P^T
+    if causal:
+        sbuf += (lead + 1) * config.k_tile * 4  # masked scores
+    per_query_tile = d_tiles * q_tile * item + (2 * key_tiles + 8) * 4 + d * item
+    sbuf += (lead + q_prefetch + lag_close + 2) * per_query_tile
+    # Scores of the max pass and of the exp pass, the P V sums of the query tiles between
+    # P V and their close, and the transposes' banks.
+    banks = 2 + (lag_close - lag_pv + 1)
+    banks += (config.p_transpose == "pe") + (config.load_transpose == "pe")
+    return sbuf, banks
 
 
 def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target, lnc: int = 1):
@@ -367,6 +447,19 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     # Per tile of the group: its next key tile's scores (issued ahead) and this key tile's
     # P V sums; plus the transposes' banks.
     banks = 2 * config.q_group + (config.p_transpose == "pe") + (config.load_transpose == "pe")
+    # Two passes need every key of a row at hand twice: K/V resident (one block).
+    softmax = config.softmax if kv_blocks == 1 else "online"
+    # DMA transposes of P: 2-byte dtypes on trn2+ only; elsewhere every chunk goes the
+    # p_transpose way.
+    dma_ok = target.has_dma_transpose and item == 2
+    p_dma_tiles = config.p_dma_tiles if dma_ok else 0
+    key_tiles = ceil_div(sk, config.k_tile)
+    lead, lag_t, lag_pv, lag_close, q_prefetch = key_tiles + 1, 2, 6, 7, 4
+    if softmax == "two_pass":
+        lags = (lead, q_prefetch, lag_pv, lag_close)
+        sbuf, banks = _two_pass_budget(
+            sk, d, d_tiles, q_tile, item, causal, config, kv_chunks, lags
+        )
     return FlashAttentionPlan(
         b=b,
         h=h,
@@ -388,6 +481,14 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         q_group=config.q_group,
         pe_transpose_keeps_dtype=target.has_transpose_mode,
         vector_transpose=target.vector_transpose_max,
+        softmax=softmax,
+        p_dma_tiles=p_dma_tiles,
+        lead=lead,
+        lag_transpose=lag_t,
+        lag_pv=lag_pv,
+        lag_close=lag_close,
+        hwdge=target.has_hwdge,
+        q_prefetch=q_prefetch,
         lnc=lnc,
         core_groups=split_groups(
             b, hkv, h // hkv, *query_tiles(h // hkv, sq, sk, q_tile, causal), lnc
@@ -400,14 +501,24 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
 # -- the NKI kernel ------------------------------------------------------------------------
 
 
-def _load_transposed(src, dst, rows, plan):
+def _load_transposed(src, dst, rows, plan, hwdge=False):
     """Fill ``dst[d, t, r]`` (D on partitions, D tile ``t``) with ``src[r, t * d_tile + d]``
-    for a ``[rows, D]`` HBM view ``src``, in chunks of ``d_tile`` rows."""
+    for a ``[rows, D]`` HBM view ``src``, in chunks of ``d_tile`` rows. ``hwdge``: the
+    contiguous loads go through the Sync engine's hardware DGE queue, not behind the
+    GpSimd queue's transposes (isa dma_copy, ``dge_mode``)."""
     dt, d = plan.d_tile, plan.d
     for r0, rs in tiled(rows, dt):
         if plan.load_transpose == "pe":
             staged = nl.ndarray((rs, d), dtype=src.dtype, buffer=nl.sbuf, name="rows")
-            nisa.dma_copy(dst=staged, src=src[r0 : r0 + rs, 0:d])
+            if hwdge:
+                nisa.dma_copy(
+                    dst=staged,
+                    src=src[r0 : r0 + rs, 0:d],
+                    dge_mode=nisa.dge_mode.hwdge,
+                    engine=nisa.engine.sync,
+                )
+            else:
+                nisa.dma_copy(dst=staged, src=src[r0 : r0 + rs, 0:d])
         for t, (d0, ds) in enumerate(tiled(d, dt)):
             if plan.load_transpose == "pe":
                 psum_dtype = src.dtype if plan.pe_transpose_keeps_dtype else nl.float32
@@ -520,6 +631,41 @@ def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
     return s_ps, plan.scale
 
 
+@dataclass
+class OnlineTile(nl.NKIObject):
+    """One query tile of the online softmax, from its q^T load to its store."""
+
+    h: int  # query head
+    q0: int  # first query row
+    qs: int  # rows (partitions of its score tiles)
+    k_end: int  # keys [0, k_end) are visible to some row (causal: up to the diagonal)
+    n_dead: int  # leading rows that see no key (causal with Sq > Sk): out 0, lse -inf
+    q_t: object  # [d_tile, d_tiles, qs] q^T in SBUF, None when no key is visible
+    neg_max: object  # [qs, 1] fp32 -running max of the key tiles folded so far, or None
+    latest_max: object  # [qs, 1] fp32 the newest -running max (the front half runs ahead)
+    row_sum: object  # [qs, 1] fp32 running sum of P, rescaled as the max grows
+    o_acc: object  # [qs, D] fp32 running P V, rescaled as the max grows
+
+
+@dataclass
+class OnlineStep(nl.NKIObject):
+    """One key tile of one query tile in the online softmax, from scores to fold."""
+
+    s: OnlineTile  # the query tile
+    ks: int  # keys in this key tile
+    kk0: int  # its first key within the K/V block
+    src: object  # scores for the exp: PSUM, or scaled and masked in SBUF
+    act_scale: float  # the exp's scale of src (the softmax scale, or 1 once scaled)
+    ext: object  # [qs, 1] fp32 the tile's max of S (min for a negative scale)
+    prev: object  # [qs, 1] fp32 -running max before this tile, None on the first
+    new_neg_max: object  # [qs, 1] fp32 -running max including this tile
+    p: object  # [qs, ks] P = exp(scale * S - m_new) in q's dtype
+    tile_sum: object  # [qs, 1] fp32 row sum of P
+    alpha: object  # [qs, 1] fp32 exp(m_old - m_new), None on the first
+    p_t: object  # P^T: in PSUM awaiting its copy ("pe") or in SBUF ("vector")
+    o_ps: object  # [qs, D] fp32 PSUM: this tile's P V
+
+
 def _open_query_tile(q, b, h, q0, plan):
     """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T."""
     qs = min(plan.q_tile, plan.sq - q0)
@@ -527,14 +673,13 @@ def _open_query_tile(q, b, h, q0, plan):
     # Keys j < k_end are visible to some row of the tile; rows i < Sq - Sk see none.
     k_end = min(plan.sk, q0 + qs + offset) if plan.causal else plan.sk
     n_dead = min(qs, max(0, -(q0 + offset))) if plan.causal else 0
-    state = {"h": h, "q0": q0, "qs": qs, "k_end": k_end, "n_dead": n_dead, "q_t": None}
-    state.update(neg_max=None, latest_max=None, row_sum=None, o_acc=None)
+    state = OnlineTile(h, q0, qs, k_end, n_dead, None, None, None, None, None)
     if k_end > 0:
         q_t = nl.ndarray(
             (min(plan.d_tile, plan.d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
         )
         _load_transposed(q[b, h, q0 : q0 + qs, 0 : plan.d], q_t, qs, plan)
-        state["q_t"] = q_t
+        state.q_t = q_t
     return state
 
 
@@ -545,9 +690,11 @@ def _front(states, kt, r0, kk0, plan):
     k0 = r0 + kk0
     work = []
     for s in states:
-        if k0 < s["k_end"]:
-            ks = min(plan.k_tile, plan.kv_block - kk0, plan.sk - k0, s["k_end"] - k0)
-            work.append({"s": s, "ks": ks, "kk0": kk0})
+        if k0 < s.k_end:
+            ks = min(plan.k_tile, plan.kv_block - kk0, plan.sk - k0, s.k_end - k0)
+            work.append(
+                OnlineStep(s, ks, kk0, None, 1.0, None, None, None, None, None, None, None, None)
+            )
     for r in work:
         _scores_and_max(r, kt, k0, plan)
     for r in work:  # after every reduction: VectorE does not wait on the one just issued
@@ -567,7 +714,7 @@ def _back(work, vb, q_dtype, plan):
     for i in range(len(work) + 1):
         if i < len(work):
             r = work[i]
-            r["p_t"] = _transpose_p(r["p"], r["s"]["qs"], r["ks"], plan)
+            r.p_t = _transpose_p(r.p, r.s.qs, r.ks, plan)
         if i >= 1:
             _multiply_v(work[i - 1], vb, q_dtype, plan)
     for r in work:
@@ -577,19 +724,19 @@ def _back(work, vb, q_dtype, plan):
 def _scores_and_max(r, kt, k0, plan):
     """Scores on TensorE (masked on VectorE/GpSimd where the causal diagonal crosses) and
     their row max (or min, for a negative scale) on VectorE."""
-    s, ks, kk0 = r["s"], r["ks"], r["kk0"]
-    qs = s["qs"]
-    src, act_scale = _score_tile(s["q_t"], kt, qs, kk0, ks, s["q0"], k0, plan)
+    s, ks, kk0 = r.s, r.ks, r.kk0
+    qs = s.qs
+    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan)
     ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
     # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
     nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
-    r.update(src=src, act_scale=act_scale, ext=ext)
+    r.src, r.act_scale, r.ext = src, act_scale, ext
 
 
 def _running_max(r):
     """The running max, negated: -max(m_old, act_scale * tile max)."""
-    s = r["s"]
-    qs, ext, act_scale, prev = s["qs"], r["ext"], r["act_scale"], s["latest_max"]
+    s = r.s
+    qs, ext, act_scale, prev = s.qs, r.ext, r.act_scale, s.latest_max
     new_neg_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_m")
     if prev is None:
         nisa.tensor_scalar(dst=new_neg_max, data=ext, op0=nl.multiply, operand0=-act_scale)
@@ -604,37 +751,37 @@ def _running_max(r):
         )
     # The key tile's own max; the next tile's front half (issued before this tile's back
     # half) starts from it.
-    r.update(prev=prev, new_neg_max=new_neg_max)
-    s["latest_max"] = new_neg_max
+    r.prev, r.new_neg_max = prev, new_neg_max
+    s.latest_max = new_neg_max
 
 
 def _exponentiate(r, q_dtype):
     """P = exp(scale * S - m_new) on ScalarE, summed per row by its accumulator; and
     alpha = exp(m_old - m_new), which rescales the running sum and accumulator."""
-    qs, ks = r["s"]["qs"], r["ks"]
+    qs, ks = r.s.qs, r.ks
     p_sb = nl.ndarray((qs, ks), dtype=q_dtype, buffer=nl.sbuf, name="p")
     tile_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_sum")
     nisa.activation(
         dst=p_sb,
         op=nl.exp,
-        data=r["src"],
-        bias=r["new_neg_max"],
-        scale=r["act_scale"],
+        data=r.src,
+        bias=r.new_neg_max,
+        scale=r.act_scale,
         reduce_op=nl.add,
         reduce_res=tile_sum,
         reduce_cmd=nisa.reduce_cmd.reset_reduce,
     )
-    r.update(p=p_sb, tile_sum=tile_sum)
-    if r["prev"] is not None:
+    r.p, r.tile_sum = p_sb, tile_sum
+    if r.prev is not None:
         alpha = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="alpha")
-        nisa.activation(dst=alpha, op=nl.exp, data=r["prev"], bias=r["new_neg_max"], scale=-1.0)
-        r["alpha"] = alpha
+        nisa.activation(dst=alpha, op=nl.exp, data=r.prev, bias=r.new_neg_max, scale=-1.0)
+        r.alpha = alpha
 
 
 def _multiply_v(r, vb, q_dtype, plan):
     """P^T to SBUF, then O_tile = P V on TensorE, 128 keys per matmul, into PSUM."""
-    qs, d, ks, kk0 = r["s"]["qs"], plan.d, r["ks"], r["kk0"]
-    p_t = _evacuate_p(r["p_t"], qs, ks, q_dtype, plan)
+    qs, d, ks, kk0 = r.s.qs, plan.d, r.ks, r.kk0
+    p_t = _evacuate_p(r.p_t, qs, ks, q_dtype, plan)
     o_ps = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.psum, name="o_psum")
     for c, (c0, cs) in enumerate(tiled(ks, plan.d_tile)):
         nisa.nc_matmul(
@@ -643,51 +790,51 @@ def _multiply_v(r, vb, q_dtype, plan):
             moving=vb[0:cs, (kk0 + c0) // plan.d_tile, 0:d],
             accumulate=c > 0,
         )
-    r["o_ps"] = o_ps
+    r.o_ps = o_ps
 
 
 def _fold(r, plan):
     """The tile into the running sum and accumulator: O_old * alpha on ScalarE, + P V
     from PSUM on VectorE (which also takes the row max, the busiest engine)."""
-    s = r["s"]
-    qs, d, o_ps = s["qs"], plan.d, r["o_ps"]
+    s = r.s
+    qs, d, o_ps = s.qs, plan.d, r.o_ps
     new_acc = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.sbuf, name="o_acc")
-    if r["prev"] is None:
-        s["row_sum"] = r["tile_sum"]
+    if r.prev is None:
+        s.row_sum = r.tile_sum
         nisa.tensor_copy(dst=new_acc, src=o_ps)
     else:
         new_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="l")
         nisa.scalar_tensor_tensor(
             dst=new_sum,
-            data=s["row_sum"],
+            data=s.row_sum,
             op0=nl.multiply,
-            operand0=r["alpha"],
+            operand0=r.alpha,
             op1=nl.add,
-            operand1=r["tile_sum"],
+            operand1=r.tile_sum,
         )
         scaled = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.sbuf, name="o_scaled")
-        nisa.activation(dst=scaled, op=nl.copy, data=s["o_acc"], scale=r["alpha"])
+        nisa.activation(dst=scaled, op=nl.copy, data=s.o_acc, scale=r.alpha)
         nisa.tensor_tensor(dst=new_acc, data1=o_ps, data2=scaled, op=nl.add)
-        s["row_sum"] = new_sum
-    s["neg_max"], s["o_acc"] = r["new_neg_max"], new_acc
+        s.row_sum = new_sum
+    s.neg_max, s.o_acc = r.new_neg_max, new_acc
 
 
 def _close_query_tile(s, out, lse, b, plan):
     """out = O / l and lse = log(l) + m to HBM; rows that see no key get 0 and -inf."""
-    d, qs, q0, h, n_dead = plan.d, s["qs"], s["q0"], s["h"], s["n_dead"]
+    d, qs, q0, h, n_dead = plan.d, s.qs, s.q0, s.h, s.n_dead
     o_out = nl.ndarray((qs, d), dtype=out.dtype, buffer=nl.sbuf, name="o_out")
     lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
-    if s["neg_max"] is None:
+    if s.neg_max is None:
         # Trace-time skip: no key is visible to any row of this tile.
         nisa.memset(dst=o_out, value=0.0)
         nisa.memset(dst=lse_t, value=float("-inf"))
     else:
         recip = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
-        nisa.reciprocal(dst=recip, data=s["row_sum"])
-        nisa.tensor_scalar(dst=o_out, data=s["o_acc"], op0=nl.multiply, operand0=recip)
+        nisa.reciprocal(dst=recip, data=s.row_sum)
+        nisa.tensor_scalar(dst=o_out, data=s.o_acc, op0=nl.multiply, operand0=recip)
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
-        nisa.activation(dst=log_sum, op=nl.log, data=s["row_sum"])
-        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=s["neg_max"], op=nl.subtract)
+        nisa.activation(dst=log_sum, op=nl.log, data=s.row_sum)
+        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=s.neg_max, op=nl.subtract)
         if n_dead:
             # Rows that see no key at all: zeros and -inf, as the contract says.
             nisa.memset(dst=o_out[0:n_dead, 0:d], value=0.0)
@@ -702,7 +849,7 @@ def _key_tiles(states, plan):
     starts a block, where a streamed block is loaded)."""
     k_end = 0
     for s in states:
-        k_end = max(k_end, s["k_end"])
+        k_end = max(k_end, s.k_end)
     out = []
     for r0, rows in tiled(plan.sk, plan.kv_block):
         if r0 >= k_end:
@@ -752,6 +899,333 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
         _drain(pending, out, lse, b, q.dtype, plan)
 
 
+# -- the two-pass softmax -------------------------------------------------------------------
+
+
+@dataclass
+class QueryTile(nl.NKIObject):
+    """One query tile of the two-pass forward, from its max pass to its store."""
+
+    h: int  # query head
+    q0: int  # first query row
+    qs: int  # rows (partitions of its score tiles)
+    n_dead: int  # leading rows that see no key (causal with Sq > Sk): out 0, lse -inf
+    keys: list  # per key tile it sees: (k0, keys, masked, column in ext or ext_masked)
+    n_raw: int  # key tiles whose max is taken on the raw scores in PSUM
+    n_masked: int  # key tiles masked in SBUF (crossing the causal diagonal)
+    q_t: object  # [d_tile, d_tiles, qs] q^T in SBUF, loaded q_prefetch steps before pass 1
+    ext: object  # [qs, n_raw] fp32 max (min for a negative scale) of each raw score tile
+    ext_masked: object  # [qs, n_masked] fp32 max of each scaled, masked score tile
+    masked: list  # per key tile: its scaled, masked scores in SBUF (kept for the exp)
+    neg_max: object  # [qs, 1] fp32 -max_j(scale * S): the exp's bias, once pass 1 ends
+    row_sum: object  # [qs, 1] fp32 l = sum_j P: read out of ScalarE by the last exp
+    recip: object  # [qs, 1] fp32 1 / l
+    p: list  # per key tile: P = exp(scale * S - max) in SBUF, q's dtype
+    p_t: list  # per key tile: ((P^T tile, chunk in it, keys, V chunk), ...) in SBUF
+    o_ps: object  # [qs, D] fp32 PSUM: P V summed over every key the tile sees
+
+
+def _query_tile(h, q0, plan):
+    """The tile's key tiles, split by where their max is taken; no instruction yet."""
+    qs = min(plan.q_tile, plan.sq - q0)
+    offset = plan.sk - plan.sq
+    k_end = min(plan.sk, q0 + qs + offset) if plan.causal else plan.sk
+    n_dead = min(qs, max(0, -(q0 + offset))) if plan.causal else 0
+    keys = []
+    n_raw = n_masked = 0
+    spans = []
+    for k0, ks in tiled(max(0, k_end), plan.k_tile):
+        # Keys before ``every`` are visible to every row; a key tile holding later keys
+        # crosses the diagonal. Its visible head (whole 128-key chunks, so P^T chunks stay
+        # on V's chunks) stays in PSUM; only the rest is scaled and masked in SBUF.
+        every = q0 + offset + 1
+        head = (every - k0) // plan.d_tile * plan.d_tile
+        if plan.causal and k0 + ks > every and 0 < head < ks:
+            spans.append((k0, head, False))
+            spans.append((k0 + head, ks - head, True))
+        else:
+            spans.append((k0, ks, plan.causal and k0 + ks > every))
+    for k0, ks, masked in spans:
+        if masked:
+            keys.append((k0, ks, True, n_masked))
+            n_masked += 1
+        else:
+            keys.append((k0, ks, False, n_raw))
+            n_raw += 1
+    none = []
+    for _ in keys:
+        none.append(None)
+    return QueryTile(
+        h,
+        q0,
+        qs,
+        n_dead,
+        keys,
+        n_raw,
+        n_masked,
+        None,
+        None,
+        None,
+        list(none),
+        None,
+        None,
+        None,
+        list(none),
+        list(none),
+        None,
+    )
+
+
+def _scores(qt, kt, k0, ks, plan):
+    """S = q K^T of one key tile into a PSUM bank (fp32), over the D tiles."""
+    s_ps = nl.ndarray((qt.qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
+    for t, (_, ds) in enumerate(tiled(plan.d, plan.d_tile)):
+        nisa.nc_matmul(
+            dst=s_ps,
+            stationary=qt.q_t[0:ds, t, 0 : qt.qs],
+            moving=kt[0:ds, t, k0 : k0 + ks],
+            accumulate=t > 0,
+        )
+    return s_ps
+
+
+def _load_query(q, b, qt, plan):
+    """q^T of the tile into SBUF, issued ``plan.q_prefetch`` steps before its max pass."""
+    q_t = nl.ndarray(
+        (min(plan.d_tile, plan.d), plan.d_tiles, qt.qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
+    )
+    _load_transposed(q[b, qt.h, qt.q0 : qt.q0 + qt.qs, 0 : plan.d], q_t, qt.qs, plan, plan.hwdge)
+    qt.q_t = q_t
+
+
+def _max_step(q, b, qt, j, kt, plan):
+    """Pass 1 on key tile ``j``: its scores and their row max on VectorE, straight from
+    PSUM; a tile crossing the diagonal is scaled and masked into SBUF first (GpSimd cannot
+    read PSUM), and kept there for the exp pass."""
+    qs = qt.qs
+    if j == 0:
+        if qt.n_raw:
+            qt.ext = nl.ndarray((qs, qt.n_raw), dtype=nl.float32, buffer=nl.sbuf, name="ext")
+        if qt.n_masked:
+            qt.ext_masked = nl.ndarray(
+                (qs, qt.n_masked), dtype=nl.float32, buffer=nl.sbuf, name="ext_masked"
+            )
+    k0, ks, masked, col = qt.keys[j]
+    s_ps = _scores(qt, kt, k0, ks, plan)
+    if not masked:
+        nisa.tensor_reduce(
+            dst=qt.ext[0:qs, col : col + 1],
+            op=nl.max if plan.scale >= 0 else nl.min,
+            data=s_ps,
+            axis=1,
+        )
+        return
+    s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+    nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
+    # keep key j = k0 + f for query i = q0 + p iff (q0 + offset - k0) + p - f >= 0
+    nisa.affine_select(
+        dst=s_sb,
+        pattern=[[-1, ks]],
+        channel_multiplier=1,
+        on_true_tile=s_sb,
+        on_false_value=MASK_FILL,
+        cmp_op=nl.greater_equal,
+        offset=qt.q0 + plan.sk - plan.sq - k0,
+    )
+    nisa.tensor_reduce(dst=qt.ext_masked[0:qs, col : col + 1], op=nl.max, data=s_sb, axis=1)
+    qt.masked[j] = s_sb
+
+
+def _row_max(qt, plan):
+    """The end of pass 1: ``neg_max = -max_j(scale * S)`` over every key tile's max."""
+    qs = qt.qs
+    neg_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_max")
+    neg_masked = None
+    if qt.n_masked:
+        neg_masked = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_masked")
+        nisa.tensor_reduce(dst=neg_masked, op=nl.max, data=qt.ext_masked, axis=1, negate=True)
+    if qt.n_raw:
+        ext = qt.ext
+        if qt.n_raw > 1:
+            ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="raw_ext")
+            nisa.tensor_reduce(
+                dst=ext, op=nl.max if plan.scale >= 0 else nl.min, data=qt.ext, axis=1
+            )
+        # -(scale * max S) = -max(scale * S); with a negative scale the min was taken.
+        if neg_masked is None:
+            nisa.tensor_scalar(dst=neg_max, data=ext, op0=nl.multiply, operand0=-plan.scale)
+        else:
+            nisa.tensor_scalar(
+                dst=neg_max,
+                data=ext,
+                op0=nl.multiply,
+                operand0=-plan.scale,
+                op1=nl.minimum,
+                operand1=neg_masked,
+            )
+    else:
+        neg_max = neg_masked
+    qt.neg_max = neg_max
+
+
+def _exp_step(qt, j, kt, q_dtype, plan):
+    """Pass 2 on key tile ``j``: the scores again (TensorE; a masked tile's stay in SBUF),
+    then P = exp(scale * S - max) on ScalarE. Its row sum accumulates in ScalarE's reduce
+    registers over the tile's key tiles (their exps run back to back, and no other
+    instruction in between reduces), read out into ``row_sum`` by the last one."""
+    qs = qt.qs
+    last = j == len(qt.keys) - 1
+    if last:
+        qt.row_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="row_sum")
+    k0, ks, masked, _ = qt.keys[j]
+    if masked:
+        src, act_scale = qt.masked[j], 1.0
+    else:
+        src, act_scale = _scores(qt, kt, k0, ks, plan), plan.scale
+    p_sb = nl.ndarray((qs, ks), dtype=q_dtype, buffer=nl.sbuf, name="p")
+    nisa.activation(
+        dst=p_sb,
+        op=nl.exp,
+        data=src,
+        bias=qt.neg_max,
+        scale=act_scale,
+        reduce_op=nl.add,
+        reduce_res=qt.row_sum if last else None,
+        reduce_cmd=nisa.reduce_cmd.reset_reduce if j == 0 else nisa.reduce_cmd.reduce,
+    )
+    qt.masked[j] = None
+    qt.p[j] = p_sb
+
+
+def _transpose_step(qt, j, q_dtype, plan):
+    """P^T of key tile ``j`` in SBUF, 128 keys per chunk: on ``p_dma_tiles`` of every 4
+    key tiles, every full chunk by one SBUF-to-SBUF DMA transpose (no engine time), the
+    rest on TensorE through PSUM (copied out per ``p_copy``) or on VectorE
+    (``p_transpose="vector"``)."""
+    qs, dt = qt.qs, plan.d_tile
+    k0, ks, _, _ = qt.keys[j]
+    p_sb = qt.p[j]
+    full = ks // dt
+    # Whole key tiles by DMA (one transpose of every full chunk: its fixed cost is paid
+    # once), p_dma_tiles of every 4.
+    n_dma = full if (k0 // plan.k_tile) % 4 < plan.p_dma_tiles else 0
+    pieces = []
+    if n_dma:
+        p_dma = nl.ndarray((dt, n_dma, qs), dtype=q_dtype, buffer=nl.sbuf, name="p_t_dma")
+        nisa.dma_transpose(dst=p_dma, src=p_sb[0:qs, 0 : n_dma * dt].reshape((qs, n_dma, dt)))
+        for c in range(n_dma):
+            pieces.append((p_dma, c, dt, (k0 + c * dt) // dt))
+    rest = ks - n_dma * dt
+    if rest > 0:
+        p_rest = p_sb[0:qs, n_dma * dt : ks]
+        p_t = _transpose_p(p_rest, qs, rest, plan)
+        p_t = _evacuate_p(p_t, qs, rest, q_dtype, plan)
+        for c, (c0, cs) in enumerate(tiled(rest, dt)):
+            pieces.append((p_t, c, cs, (k0 + n_dma * dt + c0) // dt))
+    qt.p_t[j] = pieces
+    qt.p[j] = None
+
+
+def _pv_step(qt, j, vb, plan):
+    """P V of key tile ``j`` on TensorE, 128 keys per matmul, accumulated in the query
+    tile's one PSUM bank over every key it sees (evacuated once, at its close)."""
+    qs, d = qt.qs, plan.d
+    if j == 0:
+        qt.o_ps = nl.ndarray((qs, d), dtype=nl.float32, buffer=nl.psum, name="o_psum")
+    first = j == 0
+    for p_t, c, cs, vc in qt.p_t[j]:
+        nisa.nc_matmul(
+            dst=qt.o_ps,
+            stationary=p_t[0:cs, c, 0:qs],
+            moving=vb[0:cs, vc, 0:d],
+            accumulate=not first,
+        )
+        first = False
+    qt.p_t[j] = None
+
+
+def _close_sum(qt):
+    """The close's first half: 1 / l on VectorE (the rest waits for it, a step later)."""
+    qt.recip = nl.ndarray((qt.qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
+    nisa.reciprocal(dst=qt.recip, data=qt.row_sum)
+
+
+def _close_two_pass(qt, out, lse, b, plan):
+    """out = (P V) / l straight from PSUM on ScalarE, lse = log(l) + max (log on ScalarE,
+    the sum on GpSimd), both to HBM; rows that see no key get 0 and -inf."""
+    d, qs, q0, h = plan.d, qt.qs, qt.q0, qt.h
+    o_out = nl.ndarray((qs, d), dtype=out.dtype, buffer=nl.sbuf, name="o_out")
+    lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
+    if not qt.keys:
+        nisa.memset(dst=o_out, value=0.0)
+        nisa.memset(dst=lse_t, value=float("-inf"))
+    else:
+        nisa.activation(dst=o_out, op=nl.copy, data=qt.o_ps, scale=qt.recip)
+        log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
+        nisa.activation(dst=log_sum, op=nl.log, data=qt.row_sum)
+        nisa.tensor_tensor(
+            dst=lse_t, data1=log_sum, data2=qt.neg_max, op=nl.subtract, engine=nisa.engine.gpsimd
+        )
+        if qt.n_dead:
+            nisa.memset(dst=o_out[0 : qt.n_dead, 0:d], value=0.0)
+            nisa.memset(dst=lse_t[0 : qt.n_dead, 0:1], value=float("-inf"))
+    nisa.dma_copy(dst=out[b, h, q0 : q0 + qs, 0:d], src=o_out)
+    nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
+
+
+def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
+    """Every (head, q0) query tile of one KV head in two passes over its keys, software-
+    pipelined over the flat list of (query tile, key tile) steps: at step ``i`` the max
+    pass runs ``plan.lead`` steps ahead (so a tile's max is known before its exps), the exp
+    pass at ``i``, P^T ``lag_transpose`` behind it, P V ``lag_pv`` behind and the close
+    ``lag_close`` behind: each engine, in program order, finds its next step's inputs ready
+    instead of waiting on the chain of the step it just fed."""
+    states = []
+    steps = []  # (query tile, key tile), in order
+    for h, q0 in tiles:
+        qt = _query_tile(h, q0, plan)
+        if not qt.keys:  # no key is visible to any row of the tile
+            _close_two_pass(qt, out, lse, b, plan)
+            continue
+        states.append(qt)
+        for j in range(len(qt.keys)):
+            steps.append((len(states) - 1, j))
+    n = len(steps)
+    for i in range(-plan.lead - plan.q_prefetch, n + plan.lag_close + 1):
+        f = i + plan.lead + plan.q_prefetch
+        if 0 <= f < n:
+            t, j = steps[f]
+            if j == 0:
+                _load_query(q, b, states[t], plan)
+        f = i + plan.lead
+        if 0 <= f < n:
+            t, j = steps[f]
+            _max_step(q, b, states[t], j, kt, plan)
+            if j == len(states[t].keys) - 1:
+                _row_max(states[t], plan)
+        if 0 <= i < n:
+            t, j = steps[i]
+            _exp_step(states[t], j, kt, q.dtype, plan)
+        f = i - plan.lag_transpose
+        if 0 <= f < n:
+            t, j = steps[f]
+            _transpose_step(states[t], j, q.dtype, plan)
+        f = i - plan.lag_pv
+        if 0 <= f < n:
+            t, j = steps[f]
+            _pv_step(states[t], j, vb, plan)
+        f = i - plan.lag_close
+        if 0 <= f < n:
+            t, j = steps[f]
+            if j == len(states[t].keys) - 1:
+                _close_sum(states[t])
+        f = i - plan.lag_close - 1
+        if 0 <= f < n:
+            t, j = steps[f]
+            if j == len(states[t].keys) - 1:
+                _close_two_pass(states[t], out, lse, b, plan)
+
+
 @nki.jit
 def flash_attention_fwd_kernel(q, k, v, plan):
     """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
@@ -775,7 +1249,10 @@ def flash_attention_fwd_kernel(q, k, v, plan):
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
-        _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan)
+        if plan.softmax == "two_pass":
+            _two_pass_kv_head(q, out, lse, kv[0], kv[1], b, tiles, plan)
+        else:
+            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan)
     return out, lse
 
 
