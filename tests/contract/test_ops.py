@@ -15,6 +15,7 @@ is only a Trn2 run's to prove.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -29,6 +30,7 @@ from neuron_kernels.hardware import TARGETS
 from neuron_kernels.interpreter import NkiValidationError
 from neuron_kernels.kernels import REGISTRY
 from neuron_kernels.testing import (
+    InterpreterRunner,
     assert_within_tolerance,
     copy_args,
     interpreter_runner_for,
@@ -61,18 +63,72 @@ def _inputs(spec, problem, dtype, seed=0):
     return spec.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
 
 
-def _assert_matches_reference(spec, args, config, dtype, context, target=None, lnc=1):
+def _launch_key(value):
+    """A hashable key of a kernel argument: a tensor by its dtype, layout and bytes; a
+    container by its items; anything else (the plan, an NKIObject with structural equality)
+    as itself."""
+    if isinstance(value, torch.Tensor):
+        data = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+        return ("tensor", str(value.dtype), tuple(value.shape), value.stride(), digest)
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, *(_launch_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", *((k, _launch_key(v)) for k, v in sorted(value.items())))
+    return (type(value).__qualname__, value)
+
+
+def _cloned(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cloned(v) for v in value)
+    return value
+
+
+class _SameLaunchRunner(InterpreterRunner):
+    """An interpreter runner that runs each distinct launch once: the same kernel function
+    on the same grid with byte-identical tensor arguments and an equal plan issues the same
+    instructions on the same data (the kernel reads its config only through its plan, and
+    the interpreter is deterministic), so a second config whose launches equal an earlier
+    config's gets that launch's outputs (copies) instead of a second interpretation. Every
+    config still goes through ``spec.check``, its own ``run_kernels`` and the reference
+    check; only the repeated interpretation is skipped."""
+
+    def __init__(self, memo: dict, target=None, lnc: int = 1) -> None:
+        super().__init__(target, lnc=lnc)
+        self.memo = memo
+
+    def __call__(self, kernel, *args, **kwargs):
+        fn, grid = getattr(kernel, "fn", kernel), getattr(kernel, "grid", ())
+        key = (fn, grid, _launch_key(args), _launch_key(kwargs))
+        if key not in self.memo:
+            self.memo[key] = super().__call__(kernel, *args, **kwargs)
+        return _cloned(self.memo[key])
+
+
+def _assert_matches_reference(
+    spec, args, config, dtype, context, target=None, lnc=1, memo: dict | None = None
+):
     """The kernel on the interpreter, launched at LNC ``lnc``, against the fp64 reference:
     the outputs, or for an in-place op every tensor it updates (kernel and reference each
-    on their own copies)."""
+    on their own copies). With ``memo``, launches equal to one already run reuse its
+    outputs (:class:`_SameLaunchRunner`)."""
     tol = spec.tolerances[dtype]
     context = f"{context} at LNC={lnc}"
+
+    def run(run_args):
+        if memo is None:
+            return run_kernel(spec, run_args, config, target=target, lnc=lnc)
+        runner = _SameLaunchRunner(memo, target, lnc=lnc)
+        return spec.run_kernels(*run_args, config=config, runner=runner)
+
     if not spec.mutates:
-        out = run_kernel(spec, args, config, target=target, lnc=lnc)
+        out = run(args)
         assert_within_tolerance(out, spec.reference(*args, upcast=True), tol, context)
         return
     ran, ref = copy_args(args), copy_args(args, torch.float64)
-    run_kernel(spec, ran, config, target=target, lnc=lnc)
+    run(ran)
     spec.reference(*ref, upcast=True)
     got, want = spec.mutated_tensors(ran), spec.mutated_tensors(ref)
     assert len(got) == len(want)
@@ -230,11 +286,15 @@ def test_bad_input_names_the_argument(name, monkeypatch):
 @pytest.mark.parametrize("name", OPS)
 def test_every_config_is_rejected_or_runs_correctly(name, lnc):
     """On the probe problem every declared config is either refused by spec.check or runs on
-    the interpreter, launched at LNC ``lnc``, without a limit error and matches the reference."""
+    the interpreter, launched at LNC ``lnc``, without a limit error and matches the reference.
+    Configs whose launches equal an earlier config's (same plan on the probe problem) reuse
+    its interpretation (:class:`_SameLaunchRunner`): rms_norm_bwd's 648 configs are 288
+    distinct launches there, AdamW's 144 are 12."""
     spec = REGISTRY[name]
     problem = spec.test_problems["probe"]
     dtype = "bfloat16" if "bfloat16" in spec.dtypes else spec.dtypes[0]
     args = _inputs(spec, problem, dtype)
+    memo: dict = {}
     ran = rejected = 0
     for config in spec.config.all_configs():
         try:
@@ -243,7 +303,9 @@ def test_every_config_is_rejected_or_runs_correctly(name, lnc):
             rejected += 1
             continue
         context = f"[{name} {config}]"
-        _assert_matches_reference(spec, args, config, dtype, context, target="trn2", lnc=lnc)
+        _assert_matches_reference(
+            spec, args, config, dtype, context, target="trn2", lnc=lnc, memo=memo
+        )
         ran += 1
     assert ran > 0, "no config of the op runs on its probe problem"
 
