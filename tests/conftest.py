@@ -8,8 +8,18 @@ Failures are never retried.
 Shared fixture: ``kernel_launches`` (the NKI kernels the CPU interpreter runner launched).
 """
 
-import pytest
-from hypothesis import HealthCheck, settings
+import os
+
+# Under pytest-xdist every core already runs a worker: a worker's torch/OpenMP/BLAS thread
+# pools would oversubscribe the cores, and their spin-waits made small tensor ops 100x
+# slower (the matmul every-config battery: 164 s with the default pools, 25 s with one
+# thread, same machine and load). Set before torch or numpy is imported by any test.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_pool, "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]

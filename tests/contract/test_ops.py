@@ -107,13 +107,31 @@ class _SameLaunchRunner(InterpreterRunner):
         return _cloned(self.memo[key])
 
 
+def _reference(spec, args, memo: dict | None):
+    """The fp64 reference of ``args``: the outputs, or for an in-place op the tensors it
+    updates (on fp64 copies). With ``memo``, computed once per battery (the inputs are the
+    same for every config)."""
+    if memo is not None and "reference" in memo:
+        return memo["reference"]
+    if spec.mutates:
+        ref = copy_args(args, torch.float64)
+        spec.reference(*ref, upcast=True)
+        want = spec.mutated_tensors(ref)
+    else:
+        want = spec.reference(*args, upcast=True)
+    if memo is not None:
+        memo["reference"] = want
+    return want
+
+
 def _assert_matches_reference(
     spec, args, config, dtype, context, target=None, lnc=1, memo: dict | None = None
 ):
     """The kernel on the interpreter, launched at LNC ``lnc``, against the fp64 reference:
     the outputs, or for an in-place op every tensor it updates (kernel and reference each
-    on their own copies). With ``memo``, launches equal to one already run reuse its
-    outputs (:class:`_SameLaunchRunner`)."""
+    on their own copies). With ``memo`` (one battery over configs on the same inputs),
+    launches equal to one already run reuse its outputs (:class:`_SameLaunchRunner`) and
+    the reference is computed once."""
     tol = spec.tolerances[dtype]
     context = f"{context} at LNC={lnc}"
 
@@ -125,12 +143,11 @@ def _assert_matches_reference(
 
     if not spec.mutates:
         out = run(args)
-        assert_within_tolerance(out, spec.reference(*args, upcast=True), tol, context)
+        assert_within_tolerance(out, _reference(spec, args, memo), tol, context)
         return
-    ran, ref = copy_args(args), copy_args(args, torch.float64)
+    ran = copy_args(args)
     run(ran)
-    spec.reference(*ref, upcast=True)
-    got, want = spec.mutated_tensors(ran), spec.mutated_tensors(ref)
+    got, want = spec.mutated_tensors(ran), _reference(spec, args, memo)
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         assert_within_tolerance(g, w, tol, f"{context} [updated tensor {i}]")
