@@ -27,9 +27,23 @@ Head dims 1..256 (two contraction chunks over D above 128; 64, 80, 96, 128, 192,
 tested). The fp32 dK/dV sums of a KV head stay in SBUF, so the key length is bounded by
 SBUF: the default config accepts Sk up to ~16K at D=128 bf16 on trn2 (``check`` refuses
 longer before any kernel runs). Modeled (trn2 cost model, not measured) at B=1, H=32,
-Hkv=8, S=4096, D=128 bf16: 16.4 ms non-causal, 53% of the BF16 TensorE peak in useful
-FLOPs; TensorE and ScalarE (exp, dP - D and the dS^T evacuation) bind together, and each
-pair's TensorE time includes one dS^T transpose (1 in 6 of its instructions).
+Hkv=8, S=4096, D=128 bf16, one physical core: 12.8 ms non-causal, 68% of the BF16 TensorE
+peak in useful FLOPs (53% before S and dP shared a PSUM bank and half the dS^T moved to DMA
+transposes). TensorE binds (77% busy, the rest waiting on PSUM banks and cross-engine
+latency), ScalarE (exp, dP - D, the PE dS^T evacuations) at 68%, DMA queues 74%.
+
+Pipeline, per tile pair ``n`` in a query pass (stage 2 trails by ``lag_kv``, stage 3 by
+``lag_q`` pairs)::
+
+    for (b, kv head) group of this core:                  # dK, dV fp32 sums in SBUF
+      for query pass (head h, q_block query tiles):       # Q, dO, O, lse, D resident
+        for step n:                                       # key blocks of kv_block tiles
+          stage 1 (pair n):        S, dP -> one PSUM bank; P = exp(.); dS = P * (dP - D)
+          stage 2 (pair n - lag_kv): dV_j += P^T dO, dK_j += dS^T Q (PSUM over the block);
+                                   dS^T (TensorE, or DMA on ds_dma_tiles of every 4)
+          stage 3 (pair n - lag_q):  dQ_i += dS K_j (PSUM over the block, then SBUF)
+        dQ rows scaled and stored
+      dK, dV scaled and stored
 """
 
 from __future__ import annotations
@@ -74,8 +88,11 @@ OP = "flash_attention_bwd"
 # Software pipeline depth (tile pairs): stage 2 (dK/dV, dS^T) and stage 3 (dQ) trail the
 # scores by this many pairs, so each in-order engine queue has independent work while a
 # pair's results cross engines (~200-cycle engine latency, cost_model/params.py).
-PIPELINE_LAG_KV = 4
-PIPELINE_LAG_Q = 8
+# Modeled at B1 H4 S4096 D128 bf16 non-causal (with S and dP sharing a PSUM bank, half the
+# dS^T by DMA): 6/12 gives 68.6% TensorE, 4/8 64.7%, 8/16 68.5%, 3/6 53.4% (before the
+# ds_dma_tiles spread settled on pairs 1 and 3 of every 4: 68.1% with 6/12).
+PIPELINE_LAG_KV = 6
+PIPELINE_LAG_Q = 12
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,10 @@ class FlashAttentionBwdConfig(TunableConfig):
             dS^T for dQ): "pe" on TensorE through PSUM; "dma" by DMA transposes (2-byte
             dtypes, trn2+); "vector" loads like "pe" but transposes dS in 32x32 blocks on
             VectorE, freeing TensorE and a PSUM bank.
+        ds_dma_tiles: under "pe" or "vector", of every 4 tile pairs (by ``(t + j) % 4``,
+            spread evenly), how many make dS^T by one SBUF-to-SBUF DMA transpose instead,
+            moving work from TensorE and ScalarE (the PSUM evacuation) to the idle DMA
+            queues; 2-byte dtypes on trn2+ only (0 elsewhere).
         elementwise: which engines do the per-pair elementwise work besides exp (ScalarE):
             "vector" computes dS in one VectorE pass from PSUM and evacuates dS^T on VectorE;
             "split" has ScalarE compute dP - D from PSUM and evacuate dS^T, leaving VectorE
@@ -111,32 +132,38 @@ class FlashAttentionBwdConfig(TunableConfig):
     tile_k: int = tunable(
         128,
         (64, 128),
-        "modeled: 30.7% TensorE with 64 (trn2 B1 H4 S4096 D128 bf16) vs 53.4% with 128",
+        "modeled: 42.0% TensorE with 64 (trn2 B1 H4 S4096 D128 bf16) vs 68.1% with 128",
     )
     kv_block: int = tunable(
         4,
         (1, 4),
-        "modeled: 53.4% TensorE (trn2 B1 H4 S4096 D128 bf16) vs 44.1% with 1-tile blocks",
+        "modeled: 68.1% TensorE (trn2 B1 H4 S4096 D128 bf16) vs 54.8% with 1-tile blocks",
     )
     q_block: int = tunable(
         16,
         (4, 16, 64),
-        "modeled: 53.4% TensorE at S4096 (46.1% with 4, 54.6% with 64, which needs 2x the SBUF)",
+        "modeled: 68.1% TensorE at S4096 (54.0% with 4, 70.7% with 64, which needs 2x the SBUF)",
     )
     loop_order: str = tunable(
         "kv_outer",
         ("kv_outer", "q_outer"),
-        "modeled: 53.4% TensorE at S4096 vs 39.1% q_outer (two SBUF folds per pair)",
+        "modeled: 68.1% TensorE at S4096 vs 50.9% q_outer (two SBUF folds per pair)",
     )
     transpose: str = tunable(
         "pe",
         ("pe", "dma", "vector"),
-        "modeled: 53.4% TensorE at S4096 vs 50.4% dma, 20.5% vector; every dtype and target",
+        "modeled: 68.1% TensorE at S4096 vs 50.5% dma, 34.3% vector; every dtype and target",
+    )
+    ds_dma_tiles: int = tunable(
+        2,
+        (0, 1, 2, 3, 4),
+        "modeled: 68.1% TensorE at S4096 (B1 H4 D128 bf16 non-causal) vs 61.2% with 0, "
+        "63.6% with 1, 68.1% with 3 (the DMA queues 99% busy)",
     )
     elementwise: str = tunable(
         "split",
         ("vector", "split", "balanced"),
-        "modeled: 53.4% TensorE at S4096 vs 44.0% vector (VectorE binds), 48.5% balanced",
+        "modeled: 68.1% TensorE at S4096 vs 60.7% vector (VectorE binds), 62.1% balanced",
     )
 
 
@@ -163,6 +190,7 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     d_chunks: int  # contraction chunks over D
     loop_order: str  # "kv_outer" or "q_outer"
     transpose: str  # "pe", "dma" or "vector"
+    ds_dma_tiles: int  # tile pairs of every 4 whose dS^T is a DMA transpose (all under "dma")
     elementwise: str  # "vector" or "split"
     vector_transpose: int  # VectorE transpose block (32)
     lag_kv: int  # pipeline: stage 2 (dK/dV, dS^T) runs this many pairs behind the scores
@@ -187,6 +215,10 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     """
     if config.transpose == "dma":
         target.check_dma_transpose(OP, "config transpose", dtype, ITEMSIZE[dtype])
+    # DMA transposes of dS: 2-byte dtypes on trn2+ only; elsewhere every pair goes the
+    # configured transpose's way.
+    dma_ok = target.has_dma_transpose and ITEMSIZE[dtype] == 2
+    ds_dma_tiles = 4 if config.transpose == "dma" else (config.ds_dma_tiles if dma_ok else 0)
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     causal = bool(problem.get("causal", False))
@@ -223,10 +255,12 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     staging = d * item  # one output tile in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
 
-    # PSUM: S and dP; dQ's sum; dK's and dV's sums (a block's, or one pair's partials);
-    # the dS^T of a PE transpose; one bank for the PE transposes of the loads.
+    # PSUM: S and dP (one bank, side by side); dQ's sum; dK's and dV's sums (a block's, or
+    # one pair's partials); the dS^T of a PE transpose; one bank for the PE transposes of
+    # the loads.
     sum_banks = ceil_div(kv_block * d * 4, target.psum_bank_bytes)
-    banks = 2 + 1 + 2 * sum_banks + (config.transpose == "pe") + (config.transpose != "dma")
+    pe_ds_t = config.transpose == "pe" and ds_dma_tiles < 4
+    banks = 1 + 1 + 2 * sum_banks + pe_ds_t + (config.transpose != "dma")
     return FlashAttentionBwdPlan(
         b=b,
         hkv=hkv,
@@ -243,6 +277,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         d_chunks=d_chunks,
         loop_order=config.loop_order,
         transpose=config.transpose,
+        ds_dma_tiles=ds_dma_tiles,
         elementwise=config.elementwise,
         vector_transpose=target.vector_transpose_max,
         lag_kv=PIPELINE_LAG_KV,
@@ -315,18 +350,19 @@ def _transpose_rows(src, rows, t_dst, n, plan, psum_dtype):
             nisa.tensor_copy(dst=t_dst[c][0:dcs, 0:n], src=tp)
 
 
-def _transpose_ds(ds, n_q, n_k, plan, psum_dtype):
-    """``dS^T [n_k, n_q]`` in SBUF from ``dS [n_q, n_k]`` (SBUF), on the configured engine."""
+def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
+    """``dS^T [n_k, n_q]`` in SBUF from ``dS [n_q, n_k]`` (SBUF): by one DMA transpose when
+    ``by_dma``, else on the configured engine."""
     dst = nl.ndarray((plan.tile_k, plan.tile_q), dtype=ds.dtype, buffer=nl.sbuf, name="ds_t")
-    if plan.transpose == "pe":
+    if by_dma:
+        nisa.dma_transpose(dst=dst[0:n_k, 0:n_q], src=ds[0:n_q, 0:n_k])
+    elif plan.transpose == "pe":
         tp = nl.ndarray((n_k, n_q), dtype=psum_dtype, buffer=nl.psum, name="ds_t_psum")
         nisa.nc_transpose(dst=tp, data=ds[0:n_q, 0:n_k])
         if plan.elementwise != "vector":
             nisa.activation(dst=dst[0:n_k, 0:n_q], op=nl.copy, data=tp)  # on ScalarE
         else:
             nisa.tensor_copy(dst=dst[0:n_k, 0:n_q], src=tp)
-    elif plan.transpose == "dma":
-        nisa.dma_transpose(dst=dst[0:n_k, 0:n_q], src=ds[0:n_q, 0:n_k])
     else:
         blk = plan.vector_transpose
         for p0, ps in tiled(n_q, blk):
@@ -358,7 +394,11 @@ def _scores(qs, kv, pair, scale, plan):
     t, j, q0, n_q, k0, n_k, seen = pair
     tq, tk, dt = plan.tile_q, plan.tile_k, plan.d_tile
     dtype = qs["q"].dtype
-    s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.psum, name="s")
+    # S and dP side by side in one PSUM bank ([tq, 2, tk] fp32 <= 1 KiB per partition):
+    # a pair holds one bank instead of two, so more pairs are in flight (modeled 61.2% vs
+    # 53.4% TensorE at S4096; a matmul may write any region within one bank).
+    s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
+    s = s_dp[:, 0, :]
     for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
         nisa.nc_matmul(
             dst=s[0:n_q, 0:n_k],
@@ -385,7 +425,7 @@ def _scores(qs, kv, pair, scale, plan):
             cmp_op=nl.greater_equal,
             offset=q0 + plan.sk - plan.sq - k0,
         )
-    dp = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.psum, name="dp")
+    dp = s_dp[:, 1, :]
     for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
         nisa.nc_matmul(
             dst=dp[0:n_q, 0:n_k],
@@ -471,7 +511,10 @@ def _kv_grads(st, qs, pair, first, last, acc, plan, psum_dtype):
         _fold(acc["dk"][0:n_k, j, :], dk_ps, not started)
         _fold(acc["dv"][0:n_k, j, :], dv_ps, not started)
         acc["kv_started"][j] = True
-    st["ds_t"] = _transpose_ds(st["ds"], n_q, n_k, plan, psum_dtype)
+    # ds_dma_tiles of every 4 pairs by DMA, spread evenly over (t + j) % 4 (2: every other)
+    m = (t + j) % 4
+    by_dma = (m + 1) * plan.ds_dma_tiles // 4 > m * plan.ds_dma_tiles // 4
+    st["ds_t"] = _transpose_ds(st["ds"], n_q, n_k, by_dma, plan, psum_dtype)
 
 
 def _q_grads(st, kv, pair, first, last, acc, dq_dst, scale, plan):
