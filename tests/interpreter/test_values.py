@@ -82,6 +82,31 @@ def test_loop_bounds_are_int32():
     )  # the stub names the one bound start
 
 
+def plain_range_kernel(start, stop, fill):
+    out = nl.ndarray((2, 4), nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray((2, 4), nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=0)
+    for i in range(start, stop):
+        if fill:
+            nisa.memset(dst=t, value=i)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_plain_range_bounds_are_trace_time_and_its_index_is_checked_where_used():
+    """Guide line 88: "All ``for`` loops (except ``dynamic_range``) are **unrolled** at
+    specialization time": a ``range()`` bound is consumed by the trace, never an operand,
+    so it is not checked (values.py says so); the index it yields is an NKI int where it
+    reaches an instruction (line 145: "32-bit integer values")."""
+    out = run(plain_range_kernel, (2**40, 2**40 + 1, False)).outputs
+    assert (out == 0).all()
+    with pytest.raises(NkiValidationError) as info:
+        run(plain_range_kernel, (2**31, 2**31 + 1, True))
+    assert (info.value.op, info.value.arg, info.value.value) == ("nisa.memset", "value", 2**31)
+    out = run(plain_range_kernel, (2**31 - 1, 2**31, True)).outputs
+    assert (out == 2**31 - 1).all()
+
+
 def as_lists(pattern):
     """The stub's form, a list of [step, num] lists (kernel arguments are tuples)."""
     levels = []
