@@ -14,10 +14,10 @@ aws-neuron/aws-neuron-sdk nki/get-started/nki-language-guide.rst (snapshot 81ce0
   no annotations and builds them with keywords, so unannotated class attributes are
   parameters too; Python's dataclass would make them no fields at all;
 - instances passed to a kernel are rebuilt from "the objects dictionary. Currently, NKI does
-  not look at slots or other object features, only the object dictionary" (line 616);
+  not look at slots or other object features, only the object dictionary" (line 604);
 - "Equality in NKI is structural" (line 661);
 - enums become ``NKIObject`` classes with ``name`` and ``value``; "No other binary operators on
-  enum values are supported" (line 662).
+  enum values are supported" (line 661).
 
 What the guide leaves open, and the choice made here: the order of the parameters when a
 class mixes annotated and unannotated attributes (annotated ones first, in annotation order,
