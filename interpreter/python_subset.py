@@ -16,6 +16,13 @@ stub's own ``nl.fori_loop`` example defines its loop body as one. Comprehensions
 expressions are refused: the guide does not list them and no kernel code of nki-library uses
 one (its only list comprehension is in host-side verification, utils/lnc_subscriptable.py).
 
+Enum classes a kernel reaches are accepted when their members allow no other binary
+operators than == and != (guide, 'Enumerations': "No other binary operators on enum values are
+supported", line 661): an ``IntEnum``/``StrEnum`` or other int/str/float mixin, a ``Flag``, or
+an enum defining an operator is refused as a whole, since Python would let ``Level.low + 1``
+run where NKI's translated enum has no ``+``. nki-library's kernel code declares plain
+``Enum`` classes only (e.g. core/utils/common_types.py).
+
 What "reaches" means here: starting from the kernel, every name a checked function reads
 that resolves (closure cell, module global, attribute of a module or class) to a Python
 function or class outside the interpreter and outside the Python installation, plus the
@@ -64,6 +71,13 @@ _INLINED = "All function calls are **inlined** at specialization time"
 _CLASSES = (
     "When you declare a class for use in a NKI kernel, the class must inherit from NKIObject "
     "and no other classes"
+)
+_ENUMS = (
+    "the NKI compiler will translate the enumeration class E to [an NKIObject class] [...] "
+    "Equality in NKI is structural, so no additional code is needed to replicate the "
+    "behavior of == and != for objects of type E. No other binary operators on enum values "
+    "are supported ('Enumerations', lines 648-661); an enum that also derives from "
+    f"int/str/float or Flag breaks the class rule too: {_CLASSES}"
 )
 
 # Syntax node -> the evidence that NKI accepts it.
@@ -372,7 +386,7 @@ def _argument_roots(values) -> Iterator[Any]:
 def violations(fn: types.FunctionType, arguments=()) -> list[_Violation]:
     """Every construct outside the subset in ``fn`` and the functions it reaches, and every
     class it reaches that does not derive from NKIObject alone."""
-    from neuron_kernels.interpreter.classes import nki_object_bases
+    from neuron_kernels.interpreter.classes import enum_operators, nki_object_bases
 
     bases = nki_object_bases()
     todo: list[Any] = [fn, *_argument_roots(arguments)]
@@ -384,8 +398,19 @@ def violations(fn: types.FunctionType, arguments=()) -> list[_Violation]:
             continue
         done.add(id(obj))
         if isinstance(obj, type):
-            if issubclass(obj, (BaseException, enum.Enum)):
-                continue  # raised (see ACCEPTED[ast.Raise]) or an enum ('Enumerations')
+            if issubclass(obj, BaseException):
+                continue  # raised (see ACCEPTED[ast.Raise])
+            if issubclass(obj, enum.Enum):  # 'Enumerations': == and != only
+                allowed = enum_operators(obj)
+                if allowed:
+                    others = [b.__qualname__ for b in obj.__mro__[1:] if b is not object]
+                    what = (
+                        f"an enum allowing other binary operators than == and != "
+                        f"({' '.join(allowed)}; bases {', '.join(others)})"
+                    )
+                    where = f"{obj.__qualname__} ({obj.__module__})"
+                    out.append(_Violation(what, where, _ENUMS))
+                continue
             other = [
                 b.__qualname__
                 for b in obj.__mro__[1:]

@@ -182,6 +182,10 @@ class Level(enum.IntEnum):
     low = 1
 
 
+class Access(enum.Flag):
+    read = 1
+
+
 def pick(x, color):
     if color == Color.red:
         return read_calls(x, Tracker(0))
@@ -197,7 +201,10 @@ def test_enum_members_compare_structurally():
 
 def test_enums_that_allow_arithmetic_are_refused():
     """Guide line 661 ("Enumerations"): "No other binary operators on enum values are
-    supported"; an IntEnum member would let ``level + 1`` through."""
-    with pytest.raises(NkiValidationError, match="No other binary operators") as info:
-        run(pick, (X, Level.low))
-    assert info.value.arg == "argument 'color'"
+    supported"; an IntEnum member would let ``level + 1`` through, a Flag member
+    ``access | other``."""
+    for member, base in ((Level.low, "IntEnum"), (Access.read, "Flag")):
+        with pytest.raises(NkiValidationError, match="No other binary operators") as info:
+            run(pick, (X, member))
+        assert info.value.arg == "argument 'color'"
+        assert info.value.value == f"{type(member).__name__}.{member.name} ({base})"

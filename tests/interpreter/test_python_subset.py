@@ -12,6 +12,7 @@ compiler can prove: that it accepts every construct on the list in every positio
 from __future__ import annotations
 
 import ast
+import enum
 import importlib
 
 import numpy as np
@@ -307,3 +308,70 @@ def k_loop_body_with_comprehension(x):
 def test_nested_bodies_are_checked():
     err = _refused(k_loop_body_with_comprehension, X)
     assert err.arg.startswith("a list comprehension in k_loop_body_with_comprehension at ")
+
+
+class Level(enum.IntEnum):
+    low = 1
+
+
+class Shade(str, enum.Enum):
+    dark = "dark"
+
+
+class Perm(enum.Flag):
+    read = 1
+    write = 2
+
+
+class Mode(enum.Enum):  # the guide's form: a plain Enum
+    fast = 1
+    exact = 2
+
+
+def k_int_enum_arithmetic(x):
+    assert Level.low + 1 == 2  # runs as Python; NKI's translated enum has no +
+    return _copy(x)
+
+
+def k_str_enum_concatenation(x):
+    assert Shade.dark + "er" == "darker"
+    return _copy(x)
+
+
+def k_flag_union(x):
+    assert (Perm.read | Perm.write).value == 3
+    return _copy(x)
+
+
+ENUM_REFUSALS = [
+    (k_int_enum_arithmetic, "Level", "+ - * / // % ** << >> & | ^ < <= > >=", "IntEnum"),
+    (k_str_enum_concatenation, "Shade", "+ * % < <= > >=", "str"),
+    (k_flag_union, "Perm", "& | ^", "Flag"),
+]
+
+
+@pytest.mark.parametrize("kernel, cls, ops, base", ENUM_REFUSALS, ids=[r[1] for r in ENUM_REFUSALS])
+def test_enums_a_kernel_reaches_allow_only_equality(kernel, cls, ops, base):
+    """Guide line 661 ("Enumerations"): "Equality in NKI is structural, so no additional code
+    is needed to replicate the behavior of == and != for objects of type E. No other binary
+    operators on enum values are supported." An enum class reached by name (not passed as an
+    argument) whose members allow another operator is refused, naming the operators."""
+    err = _refused(kernel, X)
+    what = f"an enum allowing other binary operators than == and != ({ops}; bases "
+    assert err.arg.startswith(what), err.arg
+    assert f"in {cls} ({__name__})" in err.arg and base in err.arg
+    assert "No other binary operators on enum values are supported" in err.rule
+
+
+def k_plain_enum(x, fast):
+    mode = Mode.fast if fast else Mode.exact
+    assert mode != Mode.exact or not fast
+    if mode == Mode.fast:
+        return _copy(x)
+    return _copy(x)
+
+
+def test_plain_enums_a_kernel_reaches_are_accepted():
+    """Guide lines 636-644: ``class E(Enum)`` compared with ``==`` in a kernel function."""
+    assert violations(k_plain_enum) == []
+    np.testing.assert_array_equal(run(k_plain_enum, (X, True)).outputs, X)
