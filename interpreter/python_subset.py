@@ -29,7 +29,15 @@ function or class outside the interpreter and outside the Python installation, p
 functions and NKIObject instances passed as kernel arguments. A function selected at run time
 through a value the checker cannot resolve statically (``getattr(obj, name)()``) is not
 reached; a lambda used as a kernel has no def to read and is not checked (one inside a
-checked function is refused); keys of dict literals are checked when they are constants only.
+checked function is refused).
+
+Dict keys ("Dictionaries with string-value keys", 'NKI Values' line 154) are checked where
+the source fixes them as non-strings (a constant, a negated constant, a tuple): in dict
+literals, and in ``d[key] = ...`` / ``d[key] += ...`` / ``d.setdefault(key, ...)`` when every
+binding of ``d`` in the function is ``d = {...}`` or ``d = dict(...)``. Not checked: a key
+computed at run time (``d[i] = x``), a store into a dict the function did not build (a
+parameter, an attribute, a helper's return value), ``dict(...)`` / ``d.update(...)`` with
+key-value pairs from elsewhere. Python accepts those; NKI's compiler may not.
 """
 
 from __future__ import annotations
@@ -210,13 +218,84 @@ def _node_violation(node: ast.AST, func: ast.FunctionDef) -> tuple[str, str] | N
         for key in node.keys:
             if key is None:
                 return ("** unpacking in a dict", f"the guide lists none {_NO_AWS}")
-            if isinstance(key, ast.Constant) and not isinstance(key.value, str):
-                return (f"a dict key {key.value!r}", _VALUES)
+            shown = _static_non_string(key)
+            if shown is not None:
+                return (f"a dict key {shown}", _VALUES)
     if kind is ast.keyword and node.arg is None:
         return ("** unpacking in a call", f"the guide lists none {_NO_AWS}")
     if kind is ast.arguments and (node.vararg or node.kwarg):
         return ("*args / **kwargs parameters", f"the guide lists none {_NO_AWS}")
     return None
+
+
+def _static_non_string(key: ast.AST) -> str | None:
+    """The source of a dict key that is a non-string whatever runs (``1``, ``-1``, ``None``,
+    ``(0, 1)``), else None."""
+    if isinstance(key, ast.Constant):
+        return None if isinstance(key.value, str) else repr(key.value)
+    if isinstance(key, ast.UnaryOp) and isinstance(key.operand, ast.Constant):
+        return None if isinstance(key.operand.value, str) else ast.unparse(key)
+    if isinstance(key, ast.Tuple):
+        return ast.unparse(key)
+    return None
+
+
+def _is_dict_builder(value: ast.AST | None, fn: types.FunctionType) -> bool:
+    """``{...}`` or a call of the builtin ``dict``."""
+    if isinstance(value, ast.Dict):
+        return True
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == "dict"
+        and "dict" not in fn.__globals__
+        and "dict" not in fn.__code__.co_varnames
+        and "dict" not in fn.__code__.co_freevars
+    )
+
+
+def _non_string_key_stores(
+    fn: types.FunctionType, func: ast.FunctionDef
+) -> Iterator[tuple[ast.AST, str]]:
+    """(node, key) for each statically non-string key stored into a dict the function builds:
+    ``d[1] = x``, ``d[-1] += x``, ``d.setdefault(1, x)`` where every binding of ``d`` in the
+    function (nested functions included) is ``d = {...}`` or ``d = dict(...)``."""
+    dict_targets: set[int] = set()
+    for node in ast.walk(func):
+        if isinstance(node, ast.Assign) and _is_dict_builder(node.value, fn):
+            dict_targets.update(id(t) for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and _is_dict_builder(node.value, fn):
+            dict_targets.add(id(node.target))
+    bound: dict[str, bool] = {}  # name -> every binding builds a dict
+    for node in ast.walk(func):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound[node.id] = bound.get(node.id, True) and id(node) in dict_targets
+        elif isinstance(node, ast.arg):
+            bound[node.arg] = False
+        elif isinstance(node, ast.FunctionDef) and node is not func:
+            bound[node.name] = False
+    dicts = {name for name, only_dicts in bound.items() if only_dicts}
+    for node in ast.walk(func):
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in dicts
+        ):
+            shown = _static_non_string(node.slice)
+            if shown is not None:
+                yield node, shown
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "setdefault"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in dicts
+            and node.args
+        ):
+            shown = _static_non_string(node.args[0])
+            if shown is not None:
+                yield node, shown
 
 
 def _annotations_and_decorators(func: ast.FunctionDef) -> set[int]:
@@ -251,6 +330,9 @@ def _own_violations(fn: types.FunctionType) -> tuple[_Violation, ...]:
             line = getattr(node, "lineno", func.lineno)
             where = f"{fn.__qualname__} at {filename}:{line}"
             out.append(_Violation(problem[0], where, problem[1]))
+    for node, key in _non_string_key_stores(fn, func):
+        where = f"{fn.__qualname__} at {filename}:{node.lineno}"
+        out.append(_Violation(f"a dict key {key}", where, _VALUES))
     return tuple(out)
 
 

@@ -98,7 +98,9 @@ sentinels and round low-precision stores through `ml_dtypes`. The interpreter in
 - refuses Python the NKI language does not have (generators, comprehensions, closures,
   `try`, `with`, ...; `interpreter/python_subset.py`) in the kernel and every function it
   reaches, and builds `NKIObject` classes and 32-bit values as the language guide says
-  (`interpreter/classes.py`, `interpreter/values.py`);
+  (`interpreter/classes.py`, `interpreter/values.py`); a non-string dict key is refused
+  where the source fixes it (`{1: x}`, `d[1] = x` on a dict the function builds), not when
+  it is computed at run time (`d[i] = x`) or stored into a dict received from elsewhere;
 - raises `NotImplementedError` naming any `nki.*` API it does not implement. The official
   NKI 0.6 APIs it does not implement, and why (generated from
   `interpreter/unimplemented.py`; a test keeps this list equal to the code):

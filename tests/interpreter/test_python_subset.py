@@ -112,6 +112,35 @@ def k_int_dict_key(x):
     return _copy(d[0])
 
 
+def k_int_key_stored(x):  # issue 27 audit: only dict literals were checked
+    d = {}
+    d[1] = x
+    return _copy(d[1])
+
+
+def k_negative_key_stored(x):
+    d = dict()
+    d[-1] = x
+    return _copy(x)
+
+
+def k_tuple_key_stored(x):
+    d = {"a": x}
+    d[0, 1] = x
+    return _copy(x)
+
+
+def k_none_key_setdefault(x):
+    d = {}
+    d.setdefault(None, x)
+    return _copy(x)
+
+
+def k_tuple_key_literal(x):
+    d = {(0, 1): x}
+    return _copy(d[0, 1])
+
+
 def k_set(x):
     s = {1, 2}
     assert 1 in s
@@ -145,6 +174,11 @@ REFUSALS = [
     (k_with, "with", "k_with"),
     (k_global, "global", "k_global"),
     (k_int_dict_key, "a dict key 0", "k_int_dict_key"),
+    (k_int_key_stored, "a dict key 1", "k_int_key_stored"),
+    (k_negative_key_stored, "a dict key -1", "k_negative_key_stored"),
+    (k_tuple_key_stored, "a dict key (0, 1)", "k_tuple_key_stored"),
+    (k_none_key_setdefault, "a dict key None", "k_none_key_setdefault"),
+    (k_tuple_key_literal, "a dict key (0, 1)", "k_tuple_key_literal"),
     (k_set, "a set", "k_set"),
     (k_star_call, "* unpacking", "k_star_call"),
     (k_import, "import inside a kernel function", "k_import"),
@@ -169,6 +203,30 @@ def test_dicts_with_string_keys_are_accepted():
         return _copy(e["b"])
 
     np.testing.assert_array_equal(run(kernel, (X,)).outputs, X)
+
+
+def _store_first(rows, x):
+    rows[0] = x  # a parameter: a list here
+
+
+def k_subscript_stores_that_are_not_dict_keys(x):
+    d = {"a": x}
+    d = [x]  # d is a list from here: its index is not a dict key
+    d[0] = x
+    _store_first(d, x)
+    e = {}
+    e["b"] = x
+    e.setdefault("c", x)
+    return _copy(e["b"])
+
+
+def test_only_dict_keys_must_be_strings():
+    """Guide 'NKI Values' line 154: "Dictionaries with string-value keys"; lists are indexed
+    by ints ("Lists of arbitrary length", line 153). A store is checked as a dict key only
+    when the name is bound to nothing but a dict the function builds."""
+    assert violations(k_subscript_stores_that_are_not_dict_keys) == []
+    out = run(k_subscript_stores_that_are_not_dict_keys, (X,)).outputs
+    np.testing.assert_array_equal(out, X)
 
 
 def _helper_with_comprehension(x):
