@@ -163,7 +163,11 @@ REFUSED: dict[type, tuple[str, str]] = {
     ast.AsyncWith: ("async with", "the guide lists no coroutines"),
     ast.AsyncFor: ("async for", "the guide lists no coroutines"),
     ast.Global: ("global", f"the guide lists no global rebinding {_NO_AWS}"),
-    ast.Nonlocal: ("nonlocal", f"the guide lists no closures {_NO_AWS}"),
+    ast.Nonlocal: (
+        "nonlocal",
+        "the guide lists no rebinding of an enclosing function's names (nested functions "
+        f"that read them are accepted: the stub's fori_loop example) {_NO_AWS}",
+    ),
     ast.Import: ("import inside a kernel function", f"{_NOT_ALL} (import at module level)"),
     ast.ImportFrom: ("import inside a kernel function", f"{_NOT_ALL} (import at module level)"),
     ast.Set: ("a set", f"NKI has no sets; {_VALUES}"),

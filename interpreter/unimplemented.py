@@ -95,9 +95,11 @@ sentinels and round low-precision stores through `ml_dtypes`. The interpreter in
   core; shared HBM), with `nisa.core_barrier` and `nisa.sendrecv`; it refuses a race between
   the cores on the same HBM bytes (ordered by barriers, naming both instructions) and
   dynamic control flow that differs between the cores;
-- refuses Python the NKI language does not have (generators, comprehensions, closures,
+- refuses Python the NKI language does not have (generators, comprehensions, `nonlocal`,
   `try`, `with`, ...; `interpreter/python_subset.py`) in the kernel and every function it
-  reaches, and builds `NKIObject` classes and 32-bit values as the language guide says
+  reaches (nested functions are accepted, closing over the kernel's names as the stub's
+  `nl.fori_loop` example does; only rebinding those names with `nonlocal` is refused),
+  and builds `NKIObject` classes and 32-bit values as the language guide says
   (`interpreter/classes.py`, `interpreter/values.py`); a non-string dict key is refused
   where the source fixes it (`{1: x}`, `d[1] = x` on a dict the function builds), not when
   it is computed at run time (`d[i] = x`) or stored into a dict received from elsewhere;

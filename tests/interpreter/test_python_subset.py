@@ -22,6 +22,7 @@ from neuron_kernels.interpreter import nki, run
 from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.execution import Kernel
 from neuron_kernels.interpreter.python_subset import ACCEPTED, GUIDE, REFUSED, violations
+from neuron_kernels.interpreter.unimplemented import readme_section
 from neuron_kernels.kernels import REGISTRY
 
 nl, nisa = nki.language, nki.isa
@@ -433,3 +434,31 @@ def test_plain_enums_a_kernel_reaches_are_accepted():
     """Guide lines 636-644: ``class E(Enum)`` compared with ``==`` in a kernel function."""
     assert violations(k_plain_enum) == []
     np.testing.assert_array_equal(run(k_plain_enum, (X, True)).outputs, X)
+
+
+def k_nonlocal(x):
+    out = _copy(x)
+    reg = nisa.register_alloc(1)
+    count = 0
+
+    def body(i):
+        nonlocal count
+        count += 1
+        nisa.dma_copy(dst=out, src=x)
+
+    nl.fori_loop(0, reg, body)
+    return out
+
+
+def test_nested_functions_are_accepted_and_only_nonlocal_is_refused():
+    """nki/api/nki/language/__init__.py, fori_loop example: ``def body(i): nisa.dma_copy(
+    dst=temp, ...)`` closes over the kernel's tensors, so nested functions (closures) are
+    NKI; rebinding an enclosing name (``nonlocal``) the guide does not list. The README's
+    text, generated from unimplemented.py, must say the same."""
+    np.testing.assert_array_equal(run(k_loop_body, (X, 1)).outputs, X)  # a closure, accepted
+    err = _refused(k_nonlocal, X)
+    assert err.arg.startswith("nonlocal in k_nonlocal at ")  # the nested body is k_nonlocal's
+    section = readme_section()
+    refused_list = section[section.index("refuses Python") : section.index("...;")]
+    assert "closures" not in refused_list and "`nonlocal`" in refused_list
+    assert "nested functions are accepted" in section
