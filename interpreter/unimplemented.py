@@ -27,9 +27,17 @@ _NL_NO_HW = (
     "hardware, so the interpreter refuses it as the device would"
 )
 _COLLECTIVES = "multi-device collectives: this library's kernels run on one device"
+_PRELU_SLOPE = (
+    "nl.prelu's stub (nki/api/nki/language/__init__.py) names nisa.activation as a user and "
+    "says 'The slope for negative inputs is controlled by the relu_param argument', but "
+    "nisa.activation's and nisa.activation_reduce's stubs have no relu_param: the slope they "
+    "would apply is undocumented; nisa.activate2(op=nl.prelu, relu_param=...) is implemented"
+)
 
 # qualified name -> reason. Sorted by namespace, then name.
 UNIMPLEMENTED: dict[str, str] = {
+    "nki.isa.activation(op=nl.prelu)": _PRELU_SLOPE,
+    "nki.isa.activation_reduce(op=nl.prelu)": _PRELU_SLOPE,
     "nki.isa.dma_compute": _NOT_WRITTEN,
     "nki.isa.local_gather": _NOT_WRITTEN,
     "nki.isa.nc_match_replace8": _NOT_WRITTEN,
