@@ -14,10 +14,12 @@ aws-neuron/aws-neuron-sdk nki/get-started/nki-language-guide.rst (snapshot 81ce0
   no annotations and builds them with keywords, so unannotated class attributes are
   parameters too; Python's dataclass would make them no fields at all;
 - instances passed to a kernel are rebuilt from "the objects dictionary. Currently, NKI does
-  not look at slots or other object features, only the object dictionary" (line 616);
+  not look at slots or other object features, only the object dictionary" (line 604);
 - "Equality in NKI is structural" (line 661);
 - enums become ``NKIObject`` classes with ``name`` and ``value``; "No other binary operators on
-  enum values are supported" (line 662).
+  enum values are supported" (line 661). An ``Enum`` whose members allow one anyway (an
+  ``IntEnum``/``StrEnum`` or other int/str/float mixin, a ``Flag``, an enum defining ``__lt__``)
+  is refused: as an argument here, and reached from a kernel in python_subset.py.
 
 What the guide leaves open, and the choice made here: the order of the parameters when a
 class mixes annotated and unannotated attributes (annotated ones first, in annotation order,
@@ -35,7 +37,13 @@ from typing import Any
 
 from neuron_kernels.interpreter.errors import NkiValidationError
 
-__all__ = ["NKIObject", "class_attributes", "nki_object_bases", "rebuilt_argument"]
+__all__ = [
+    "NKIObject",
+    "class_attributes",
+    "enum_operators",
+    "nki_object_bases",
+    "rebuilt_argument",
+]
 
 GUIDE = "nki/get-started/nki-language-guide.rst"
 _ONLY_NKIOBJECT = (
@@ -43,8 +51,39 @@ _ONLY_NKIOBJECT = (
 )
 _NO_ENUM_OPERATORS = (
     "No other binary operators on enum values are supported"
-    f" ({GUIDE}, 'Enumerations'): an enum mixing in int/str would allow them"
+    f" ({GUIDE}, 'Enumerations'): an enum mixing in int/str/float, a Flag, or one defining"
+    " operators would allow them"
 )
+# Python's binary operators other than == and !=, as (dunder, symbol).
+_BINARY_OPERATORS = tuple(
+    (f"__{r}{name}__", symbol)
+    for r in ("", "r")
+    for name, symbol in (
+        ("add", "+"), ("sub", "-"), ("mul", "*"), ("matmul", "@"), ("truediv", "/"),
+        ("floordiv", "//"), ("mod", "%"), ("pow", "**"), ("lshift", "<<"), ("rshift", ">>"),
+        ("and", "&"), ("or", "|"), ("xor", "^"),
+    )
+) + (("__lt__", "<"), ("__le__", "<="), ("__gt__", ">"), ("__ge__", ">="))  # fmt: skip
+
+
+def _class_member(cls: type, name: str) -> Any:
+    """``name`` as the class's MRO defines it (not the metaclass's: ``type.__or__``)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+def enum_operators(cls: type) -> list[str]:
+    """The binary operators other than == and != that members of the Enum class ``cls``
+    allow: none for a plain ``Enum``; an int/str/float mixin's, a ``Flag``'s, or the class's
+    own otherwise. The guide's enums allow none ('Enumerations', line 661)."""
+    out: list[str] = []
+    for dunder, symbol in _BINARY_OPERATORS:
+        if _class_member(cls, dunder) is not _class_member(enum.Enum, dunder):
+            if symbol not in out:
+                out.append(symbol)
+    return out
 
 
 def _is_interpreter_class(cls: type) -> bool:
@@ -207,7 +246,7 @@ def _check_bases(cls: type) -> None:
 def rebuilt_argument(value: Any, name: str = "argument") -> Any:
     """A kernel argument as NKI sees it: NKIObject instances rebuilt from their ``__dict__``
     (no ``__init__``, no slots), recursively through tuples, dicts and attributes; enum
-    members of a class that allows arithmetic refused."""
+    members of a class that allows other binary operators than == and != refused."""
     if isinstance(value, NKIObject) and not _is_interpreter_class(type(value)):
         cls = type(value)
         _check_bases(cls)
@@ -216,9 +255,7 @@ def rebuilt_argument(value: Any, name: str = "argument") -> Any:
             copy.__dict__[key] = rebuilt_argument(item, f"{name}.{key}")
         return copy
     if isinstance(value, enum.Enum) and not _is_interpreter_class(type(value)):
-        if not (type(value).__module__ or "").startswith("nki") and isinstance(
-            value, (int, str, float)
-        ):
+        if not (type(value).__module__ or "").startswith("nki") and enum_operators(type(value)):
             raise NkiValidationError(
                 "nki.jit",
                 f"argument {name!r}",

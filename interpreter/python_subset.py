@@ -16,13 +16,28 @@ stub's own ``nl.fori_loop`` example defines its loop body as one. Comprehensions
 expressions are refused: the guide does not list them and no kernel code of nki-library uses
 one (its only list comprehension is in host-side verification, utils/lnc_subscriptable.py).
 
+Enum classes a kernel reaches are accepted when their members allow no other binary
+operators than == and != (guide, 'Enumerations': "No other binary operators on enum values are
+supported", line 661): an ``IntEnum``/``StrEnum`` or other int/str/float mixin, a ``Flag``, or
+an enum defining an operator is refused as a whole, since Python would let ``Level.low + 1``
+run where NKI's translated enum has no ``+``. nki-library's kernel code declares plain
+``Enum`` classes only (e.g. core/utils/common_types.py).
+
 What "reaches" means here: starting from the kernel, every name a checked function reads
 that resolves (closure cell, module global, attribute of a module or class) to a Python
 function or class outside the interpreter and outside the Python installation, plus the
 functions and NKIObject instances passed as kernel arguments. A function selected at run time
 through a value the checker cannot resolve statically (``getattr(obj, name)()``) is not
 reached; a lambda used as a kernel has no def to read and is not checked (one inside a
-checked function is refused); keys of dict literals are checked when they are constants only.
+checked function is refused).
+
+Dict keys ("Dictionaries with string-value keys", 'NKI Values' line 154) are checked where
+the source fixes them as non-strings (a constant, a negated constant, a tuple): in dict
+literals, and in ``d[key] = ...`` / ``d[key] += ...`` / ``d.setdefault(key, ...)`` when every
+binding of ``d`` in the function is ``d = {...}`` or ``d = dict(...)``. Not checked: a key
+computed at run time (``d[i] = x``), a store into a dict the function did not build (a
+parameter, an attribute, a helper's return value), ``dict(...)`` / ``d.update(...)`` with
+key-value pairs from elsewhere. Python accepts those; NKI's compiler may not.
 """
 
 from __future__ import annotations
@@ -64,6 +79,13 @@ _INLINED = "All function calls are **inlined** at specialization time"
 _CLASSES = (
     "When you declare a class for use in a NKI kernel, the class must inherit from NKIObject "
     "and no other classes"
+)
+_ENUMS = (
+    "the NKI compiler will translate the enumeration class E to [an NKIObject class] [...] "
+    "Equality in NKI is structural, so no additional code is needed to replicate the "
+    "behavior of == and != for objects of type E. No other binary operators on enum values "
+    "are supported ('Enumerations', lines 648-661); an enum that also derives from "
+    f"int/str/float or Flag breaks the class rule too: {_CLASSES}"
 )
 
 # Syntax node -> the evidence that NKI accepts it.
@@ -141,7 +163,11 @@ REFUSED: dict[type, tuple[str, str]] = {
     ast.AsyncWith: ("async with", "the guide lists no coroutines"),
     ast.AsyncFor: ("async for", "the guide lists no coroutines"),
     ast.Global: ("global", f"the guide lists no global rebinding {_NO_AWS}"),
-    ast.Nonlocal: ("nonlocal", f"the guide lists no closures {_NO_AWS}"),
+    ast.Nonlocal: (
+        "nonlocal",
+        "the guide lists no rebinding of an enclosing function's names (nested functions "
+        f"that read them are accepted: the stub's fori_loop example) {_NO_AWS}",
+    ),
     ast.Import: ("import inside a kernel function", f"{_NOT_ALL} (import at module level)"),
     ast.ImportFrom: ("import inside a kernel function", f"{_NOT_ALL} (import at module level)"),
     ast.Set: ("a set", f"NKI has no sets; {_VALUES}"),
@@ -196,13 +222,84 @@ def _node_violation(node: ast.AST, func: ast.FunctionDef) -> tuple[str, str] | N
         for key in node.keys:
             if key is None:
                 return ("** unpacking in a dict", f"the guide lists none {_NO_AWS}")
-            if isinstance(key, ast.Constant) and not isinstance(key.value, str):
-                return (f"a dict key {key.value!r}", _VALUES)
+            shown = _static_non_string(key)
+            if shown is not None:
+                return (f"a dict key {shown}", _VALUES)
     if kind is ast.keyword and node.arg is None:
         return ("** unpacking in a call", f"the guide lists none {_NO_AWS}")
     if kind is ast.arguments and (node.vararg or node.kwarg):
         return ("*args / **kwargs parameters", f"the guide lists none {_NO_AWS}")
     return None
+
+
+def _static_non_string(key: ast.AST) -> str | None:
+    """The source of a dict key that is a non-string whatever runs (``1``, ``-1``, ``None``,
+    ``(0, 1)``), else None."""
+    if isinstance(key, ast.Constant):
+        return None if isinstance(key.value, str) else repr(key.value)
+    if isinstance(key, ast.UnaryOp) and isinstance(key.operand, ast.Constant):
+        return None if isinstance(key.operand.value, str) else ast.unparse(key)
+    if isinstance(key, ast.Tuple):
+        return ast.unparse(key)
+    return None
+
+
+def _is_dict_builder(value: ast.AST | None, fn: types.FunctionType) -> bool:
+    """``{...}`` or a call of the builtin ``dict``."""
+    if isinstance(value, ast.Dict):
+        return True
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == "dict"
+        and "dict" not in fn.__globals__
+        and "dict" not in fn.__code__.co_varnames
+        and "dict" not in fn.__code__.co_freevars
+    )
+
+
+def _non_string_key_stores(
+    fn: types.FunctionType, func: ast.FunctionDef
+) -> Iterator[tuple[ast.AST, str]]:
+    """(node, key) for each statically non-string key stored into a dict the function builds:
+    ``d[1] = x``, ``d[-1] += x``, ``d.setdefault(1, x)`` where every binding of ``d`` in the
+    function (nested functions included) is ``d = {...}`` or ``d = dict(...)``."""
+    dict_targets: set[int] = set()
+    for node in ast.walk(func):
+        if isinstance(node, ast.Assign) and _is_dict_builder(node.value, fn):
+            dict_targets.update(id(t) for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and _is_dict_builder(node.value, fn):
+            dict_targets.add(id(node.target))
+    bound: dict[str, bool] = {}  # name -> every binding builds a dict
+    for node in ast.walk(func):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound[node.id] = bound.get(node.id, True) and id(node) in dict_targets
+        elif isinstance(node, ast.arg):
+            bound[node.arg] = False
+        elif isinstance(node, ast.FunctionDef) and node is not func:
+            bound[node.name] = False
+    dicts = {name for name, only_dicts in bound.items() if only_dicts}
+    for node in ast.walk(func):
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in dicts
+        ):
+            shown = _static_non_string(node.slice)
+            if shown is not None:
+                yield node, shown
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "setdefault"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in dicts
+            and node.args
+        ):
+            shown = _static_non_string(node.args[0])
+            if shown is not None:
+                yield node, shown
 
 
 def _annotations_and_decorators(func: ast.FunctionDef) -> set[int]:
@@ -237,6 +334,9 @@ def _own_violations(fn: types.FunctionType) -> tuple[_Violation, ...]:
             line = getattr(node, "lineno", func.lineno)
             where = f"{fn.__qualname__} at {filename}:{line}"
             out.append(_Violation(problem[0], where, problem[1]))
+    for node, key in _non_string_key_stores(fn, func):
+        where = f"{fn.__qualname__} at {filename}:{node.lineno}"
+        out.append(_Violation(f"a dict key {key}", where, _VALUES))
     return tuple(out)
 
 
@@ -372,7 +472,7 @@ def _argument_roots(values) -> Iterator[Any]:
 def violations(fn: types.FunctionType, arguments=()) -> list[_Violation]:
     """Every construct outside the subset in ``fn`` and the functions it reaches, and every
     class it reaches that does not derive from NKIObject alone."""
-    from neuron_kernels.interpreter.classes import nki_object_bases
+    from neuron_kernels.interpreter.classes import enum_operators, nki_object_bases
 
     bases = nki_object_bases()
     todo: list[Any] = [fn, *_argument_roots(arguments)]
@@ -384,8 +484,19 @@ def violations(fn: types.FunctionType, arguments=()) -> list[_Violation]:
             continue
         done.add(id(obj))
         if isinstance(obj, type):
-            if issubclass(obj, (BaseException, enum.Enum)):
-                continue  # raised (see ACCEPTED[ast.Raise]) or an enum ('Enumerations')
+            if issubclass(obj, BaseException):
+                continue  # raised (see ACCEPTED[ast.Raise])
+            if issubclass(obj, enum.Enum):  # 'Enumerations': == and != only
+                allowed = enum_operators(obj)
+                if allowed:
+                    others = [b.__qualname__ for b in obj.__mro__[1:] if b is not object]
+                    what = (
+                        f"an enum allowing other binary operators than == and != "
+                        f"({' '.join(allowed)}; bases {', '.join(others)})"
+                    )
+                    where = f"{obj.__qualname__} ({obj.__module__})"
+                    out.append(_Violation(what, where, _ENUMS))
+                continue
             other = [
                 b.__qualname__
                 for b in obj.__mro__[1:]

@@ -27,9 +27,17 @@ _NL_NO_HW = (
     "hardware, so the interpreter refuses it as the device would"
 )
 _COLLECTIVES = "multi-device collectives: this library's kernels run on one device"
+_PRELU_SLOPE = (
+    "nl.prelu's stub (nki/api/nki/language/__init__.py) names nisa.activation as a user and "
+    "says 'The slope for negative inputs is controlled by the relu_param argument', but "
+    "nisa.activation's and nisa.activation_reduce's stubs have no relu_param: the slope they "
+    "would apply is undocumented; nisa.activate2(op=nl.prelu, relu_param=...) is implemented"
+)
 
 # qualified name -> reason. Sorted by namespace, then name.
 UNIMPLEMENTED: dict[str, str] = {
+    "nki.isa.activation(op=nl.prelu)": _PRELU_SLOPE,
+    "nki.isa.activation_reduce(op=nl.prelu)": _PRELU_SLOPE,
     "nki.isa.dma_compute": _NOT_WRITTEN,
     "nki.isa.local_gather": _NOT_WRITTEN,
     "nki.isa.nc_match_replace8": _NOT_WRITTEN,
@@ -95,10 +103,14 @@ sentinels and round low-precision stores through `ml_dtypes`. The interpreter in
   core; shared HBM), with `nisa.core_barrier` and `nisa.sendrecv`; it refuses a race between
   the cores on the same HBM bytes (ordered by barriers, naming both instructions) and
   dynamic control flow that differs between the cores;
-- refuses Python the NKI language does not have (generators, comprehensions, closures,
+- refuses Python the NKI language does not have (generators, comprehensions, `nonlocal`,
   `try`, `with`, ...; `interpreter/python_subset.py`) in the kernel and every function it
-  reaches, and builds `NKIObject` classes and 32-bit values as the language guide says
-  (`interpreter/classes.py`, `interpreter/values.py`);
+  reaches (nested functions are accepted, closing over the kernel's names as the stub's
+  `nl.fori_loop` example does; only rebinding those names with `nonlocal` is refused),
+  and builds `NKIObject` classes and 32-bit values as the language guide says
+  (`interpreter/classes.py`, `interpreter/values.py`); a non-string dict key is refused
+  where the source fixes it (`{1: x}`, `d[1] = x` on a dict the function builds), not when
+  it is computed at run time (`d[i] = x`) or stored into a dict received from elsewhere;
 - raises `NotImplementedError` naming any `nki.*` API it does not implement. The official
   NKI 0.6 APIs it does not implement, and why (generated from
   `interpreter/unimplemented.py`; a test keeps this list equal to the code):

@@ -4,13 +4,24 @@ aws-neuron/aws-neuron-sdk nki/get-started/nki-language-guide.rst (snapshot 81ce0
 "NKI Values" (lines 141-146): "The NKI language supports six types of values: [...]
 32-bit integer values, 32-bit IEEE floating-point values". The interpreter runs kernels as
 Python, whose ints are unbounded and whose floats are 64-bit, so a number that reaches an
-instruction (an operand, a fill value, an offset, a loop bound) is first made an NKI value:
+instruction (an operand, a fill value, an offset, an ``nl.affine_range`` or
+``dynamic_range`` loop bound) is first made an NKI value:
 
 - a float is rounded to float32 (round to nearest even, as an IEEE float32 literal is), and
   range checks apply to the rounded value: ``-3.4028235e+38``, float32's lowest value as
   Python prints it, is above float32's range as a 64-bit float but rounds to exactly it;
   a finite float that rounds to infinity is refused;
 - an int outside int32 is refused, naming the value.
+
+Plain ``range()`` loops, the guide's loop form ("for-loops over ranges", 'Control Flow',
+line 458), are not checked: "All ``for`` loops (except ``dynamic_range``) are **unrolled** at
+specialization time" (line 88), so their bounds are Python ints the trace consumes and never
+an instruction's operand. What a loop hands on, its index, is checked where it reaches an
+instruction (an operand, a fill value, an ``nl.affine_range``/``dynamic_range`` bound or a
+register is held to int32 here; a tensor index to the tensor's shape). ``nl.affine_range``
+and its aliases are API calls, so their bounds are checked as every API argument is. Left
+open by the guide: whether the specializer itself refuses a ``range()`` bound outside int32
+that no instruction sees (``for i in range(2**32): break``); the interpreter accepts it.
 
 Left open by the guide, and chosen here: whether the 32-bit integers are signed. Registers
 are ("Signed integers are supported, so negative values (e.g., ``count=-5``) are valid",

@@ -13,21 +13,35 @@ import numpy as np
 from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.instructions._common import OperandChecks
 from neuron_kernels.interpreter.operators import OPERATORS, Operator
+from neuron_kernels.interpreter.values import INT32_MAX, INT32_MIN, nki_float, nki_int
 
 __all__ = ["affine_select", "iota", "tensor_partition_reduce"]
 
 _COMPARISONS = ("equal", "not_equal", "greater", "greater_equal", "less", "less_equal")
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _affine(
     check: OperandChecks, pattern, offset, channel_multiplier, partitions: int, free: int
 ) -> np.ndarray:
-    """The int32 affine value for each (partition, flattened free index)."""
+    """The int32 affine value for each (partition, flattened free index).
+
+    Every step and num is an NKI int (interpreter/values.py): the stub's pattern is "a list
+    of [step, num]" evaluated in int32, and the guide's integers are "32-bit integer values"
+    (nki-language-guide.rst 'NKI Values'), so a non-int or out-of-int32 entry is refused
+    naming it instead of being truncated or wrapped."""
     try:
-        pairs = [(int(step), int(num)) for step, num in pattern]
-    except (TypeError, ValueError):
-        check.fail("pattern", "must be a list of [step, num] pairs", pattern)
+        levels = [tuple(level) for level in pattern]
+    except TypeError:
+        check.fail("pattern", "must be a list of [step, num] pairs", repr(pattern))
+    if any(len(level) != 2 for level in levels):
+        check.fail("pattern", "must be a list of [step, num] pairs", repr(pattern))
+    pairs = [
+        (
+            nki_int(check.api, f"pattern[{k}] step", step),
+            nki_int(check.api, f"pattern[{k}] num", num),
+        )
+        for k, (step, num) in enumerate(levels)
+    ]
     if not 1 <= len(pairs) <= 4:
         check.fail("pattern", "must have 1 to 4 [step, num] levels", len(pairs), limit=4)
     if any(num < 1 for _, num in pairs):
@@ -38,8 +52,8 @@ def _affine(
     for arg, v in (("offset", offset), ("channel_multiplier", channel_multiplier)):
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
             check.fail(arg, "must be a compile-time int32", repr(v))
-        if not _INT32_MIN <= v <= _INT32_MAX:
-            check.fail(arg, "must fit an int32", v, limit=(_INT32_MIN, _INT32_MAX))
+        if not INT32_MIN <= v <= INT32_MAX:
+            check.fail(arg, "must fit an int32", v, limit=(INT32_MIN, INT32_MAX))
     value = np.full((partitions, 1), int(offset), dtype=np.int64)
     value = value + np.arange(partitions, dtype=np.int64).reshape(-1, 1) * int(channel_multiplier)
     grid = np.zeros(1, dtype=np.int64)
@@ -86,6 +100,7 @@ def affine_select(
         on_false_value, (int, float, np.integer, np.floating)
     ):
         check.fail("on_false_value", "must be a compile-time fp32 scalar", repr(on_false_value))
+    on_false_value = nki_float(check.api, "on_false_value", on_false_value)  # rounded, checked
     on_true = check.engine_operand("on_true_tile", on_true_tile, "gpsimd")
     dst = check.engine_operand("dst", dst, "gpsimd", write=True)
     p = check.same_partitions(("on_true_tile", on_true), ("dst", dst))

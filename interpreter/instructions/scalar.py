@@ -28,7 +28,7 @@ def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, reduce_c
             "op", "must be an activation function (nl.exp, nl.copy, nl.rsqrt, ...)", repr(op)
         )
     if op.name == "prelu":
-        raise not_implemented(f"{api}(op=nl.prelu) (needs relu_param: nisa.activate2)")
+        raise not_implemented(f"{api}(op=nl.prelu)")  # no relu_param: see unimplemented.py
     if not isinstance(reduce_cmd, ReduceCmd):
         check.fail("reduce_cmd", "must be an nisa.reduce_cmd member", repr(reduce_cmd))
     if reduce_cmd is ReduceCmd.load_reduce:

@@ -136,9 +136,9 @@ def read_calls(x, tracker):
 
 
 def test_arguments_are_rebuilt_from_their_dict():
-    """Guide: "convert the Python class instance to a NKI instance using the objects
-    dictionary ... nki_a.__dict__ = python_a.__dict__": no __init__ runs again, and the
-    kernel works on its own instance."""
+    """Guide lines 604, 627: "convert the Python class instance to a NKI instance using the
+    objects dictionary ... nki_a.__dict__ = python_a.__dict__": no __init__ runs again, and
+    the kernel works on its own instance."""
     tracker = Tracker(0)
     run(read_calls, (X, tracker))
     assert tracker.calls == 1
@@ -157,8 +157,8 @@ def reads_slot(x, obj):
 
 
 def test_slots_are_not_carried_over():
-    """Guide: "NKI does not look at slots or other object features, only the object
-    dictionary"."""
+    """Guide line 604: "NKI does not look at slots or other object features, only the
+    object dictionary"."""
     run(reads_slot, (X, Slotted()))
 
 
@@ -182,6 +182,10 @@ class Level(enum.IntEnum):
     low = 1
 
 
+class Access(enum.Flag):
+    read = 1
+
+
 def pick(x, color):
     if color == Color.red:
         return read_calls(x, Tracker(0))
@@ -196,8 +200,11 @@ def test_enum_members_compare_structurally():
 
 
 def test_enums_that_allow_arithmetic_are_refused():
-    """Guide, "Enumerations": "No other binary operators on enum values are supported";
-    an IntEnum member would let ``level + 1`` through."""
-    with pytest.raises(NkiValidationError, match="No other binary operators") as info:
-        run(pick, (X, Level.low))
-    assert info.value.arg == "argument 'color'"
+    """Guide line 661 ("Enumerations"): "No other binary operators on enum values are
+    supported"; an IntEnum member would let ``level + 1`` through, a Flag member
+    ``access | other``."""
+    for member, base in ((Level.low, "IntEnum"), (Access.read, "Flag")):
+        with pytest.raises(NkiValidationError, match="No other binary operators") as info:
+            run(pick, (X, member))
+        assert info.value.arg == "argument 'color'"
+        assert info.value.value == f"{type(member).__name__}.{member.name} ({base})"

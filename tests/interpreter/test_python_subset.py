@@ -12,6 +12,7 @@ compiler can prove: that it accepts every construct on the list in every positio
 from __future__ import annotations
 
 import ast
+import enum
 import importlib
 
 import numpy as np
@@ -21,6 +22,7 @@ from neuron_kernels.interpreter import nki, run
 from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.execution import Kernel
 from neuron_kernels.interpreter.python_subset import ACCEPTED, GUIDE, REFUSED, violations
+from neuron_kernels.interpreter.unimplemented import readme_section
 from neuron_kernels.kernels import REGISTRY
 
 nl, nisa = nki.language, nki.isa
@@ -111,6 +113,35 @@ def k_int_dict_key(x):
     return _copy(d[0])
 
 
+def k_int_key_stored(x):  # issue 27 audit: only dict literals were checked
+    d = {}
+    d[1] = x
+    return _copy(d[1])
+
+
+def k_negative_key_stored(x):
+    d = dict()
+    d[-1] = x
+    return _copy(x)
+
+
+def k_tuple_key_stored(x):
+    d = {"a": x}
+    d[0, 1] = x
+    return _copy(x)
+
+
+def k_none_key_setdefault(x):
+    d = {}
+    d.setdefault(None, x)
+    return _copy(x)
+
+
+def k_tuple_key_literal(x):
+    d = {(0, 1): x}
+    return _copy(d[0, 1])
+
+
 def k_set(x):
     s = {1, 2}
     assert 1 in s
@@ -144,6 +175,11 @@ REFUSALS = [
     (k_with, "with", "k_with"),
     (k_global, "global", "k_global"),
     (k_int_dict_key, "a dict key 0", "k_int_dict_key"),
+    (k_int_key_stored, "a dict key 1", "k_int_key_stored"),
+    (k_negative_key_stored, "a dict key -1", "k_negative_key_stored"),
+    (k_tuple_key_stored, "a dict key (0, 1)", "k_tuple_key_stored"),
+    (k_none_key_setdefault, "a dict key None", "k_none_key_setdefault"),
+    (k_tuple_key_literal, "a dict key (0, 1)", "k_tuple_key_literal"),
     (k_set, "a set", "k_set"),
     (k_star_call, "* unpacking", "k_star_call"),
     (k_import, "import inside a kernel function", "k_import"),
@@ -168,6 +204,30 @@ def test_dicts_with_string_keys_are_accepted():
         return _copy(e["b"])
 
     np.testing.assert_array_equal(run(kernel, (X,)).outputs, X)
+
+
+def _store_first(rows, x):
+    rows[0] = x  # a parameter: a list here
+
+
+def k_subscript_stores_that_are_not_dict_keys(x):
+    d = {"a": x}
+    d = [x]  # d is a list from here: its index is not a dict key
+    d[0] = x
+    _store_first(d, x)
+    e = {}
+    e["b"] = x
+    e.setdefault("c", x)
+    return _copy(e["b"])
+
+
+def test_only_dict_keys_must_be_strings():
+    """Guide 'NKI Values' line 154: "Dictionaries with string-value keys"; lists are indexed
+    by ints ("Lists of arbitrary length", line 153). A store is checked as a dict key only
+    when the name is bound to nothing but a dict the function builds."""
+    assert violations(k_subscript_stores_that_are_not_dict_keys) == []
+    out = run(k_subscript_stores_that_are_not_dict_keys, (X,)).outputs
+    np.testing.assert_array_equal(out, X)
 
 
 def _helper_with_comprehension(x):
@@ -307,3 +367,98 @@ def k_loop_body_with_comprehension(x):
 def test_nested_bodies_are_checked():
     err = _refused(k_loop_body_with_comprehension, X)
     assert err.arg.startswith("a list comprehension in k_loop_body_with_comprehension at ")
+
+
+class Level(enum.IntEnum):
+    low = 1
+
+
+class Shade(str, enum.Enum):
+    dark = "dark"
+
+
+class Perm(enum.Flag):
+    read = 1
+    write = 2
+
+
+class Mode(enum.Enum):  # the guide's form: a plain Enum
+    fast = 1
+    exact = 2
+
+
+def k_int_enum_arithmetic(x):
+    assert Level.low + 1 == 2  # runs as Python; NKI's translated enum has no +
+    return _copy(x)
+
+
+def k_str_enum_concatenation(x):
+    assert Shade.dark + "er" == "darker"
+    return _copy(x)
+
+
+def k_flag_union(x):
+    assert (Perm.read | Perm.write).value == 3
+    return _copy(x)
+
+
+ENUM_REFUSALS = [
+    (k_int_enum_arithmetic, "Level", "+ - * / // % ** << >> & | ^ < <= > >=", "IntEnum"),
+    (k_str_enum_concatenation, "Shade", "+ * % < <= > >=", "str"),
+    (k_flag_union, "Perm", "& | ^", "Flag"),
+]
+
+
+@pytest.mark.parametrize("kernel, cls, ops, base", ENUM_REFUSALS, ids=[r[1] for r in ENUM_REFUSALS])
+def test_enums_a_kernel_reaches_allow_only_equality(kernel, cls, ops, base):
+    """Guide line 661 ("Enumerations"): "Equality in NKI is structural, so no additional code
+    is needed to replicate the behavior of == and != for objects of type E. No other binary
+    operators on enum values are supported." An enum class reached by name (not passed as an
+    argument) whose members allow another operator is refused, naming the operators."""
+    err = _refused(kernel, X)
+    what = f"an enum allowing other binary operators than == and != ({ops}; bases "
+    assert err.arg.startswith(what), err.arg
+    assert f"in {cls} ({__name__})" in err.arg and base in err.arg
+    assert "No other binary operators on enum values are supported" in err.rule
+
+
+def k_plain_enum(x, fast):
+    mode = Mode.fast if fast else Mode.exact
+    assert mode != Mode.exact or not fast
+    if mode == Mode.fast:
+        return _copy(x)
+    return _copy(x)
+
+
+def test_plain_enums_a_kernel_reaches_are_accepted():
+    """Guide lines 636-644: ``class E(Enum)`` compared with ``==`` in a kernel function."""
+    assert violations(k_plain_enum) == []
+    np.testing.assert_array_equal(run(k_plain_enum, (X, True)).outputs, X)
+
+
+def k_nonlocal(x):
+    out = _copy(x)
+    reg = nisa.register_alloc(1)
+    count = 0
+
+    def body(i):
+        nonlocal count
+        count += 1
+        nisa.dma_copy(dst=out, src=x)
+
+    nl.fori_loop(0, reg, body)
+    return out
+
+
+def test_nested_functions_are_accepted_and_only_nonlocal_is_refused():
+    """nki/api/nki/language/__init__.py, fori_loop example: ``def body(i): nisa.dma_copy(
+    dst=temp, ...)`` closes over the kernel's tensors, so nested functions (closures) are
+    NKI; rebinding an enclosing name (``nonlocal``) the guide does not list. The README's
+    text, generated from unimplemented.py, must say the same."""
+    np.testing.assert_array_equal(run(k_loop_body, (X, 1)).outputs, X)  # a closure, accepted
+    err = _refused(k_nonlocal, X)
+    assert err.arg.startswith("nonlocal in k_nonlocal at ")  # the nested body is k_nonlocal's
+    section = readme_section()
+    refused_list = section[section.index("refuses Python") : section.index("...;")]
+    assert "closures" not in refused_list and "`nonlocal`" in refused_list
+    assert "nested functions are accepted" in section

@@ -474,8 +474,31 @@ def test_activation_reduce_limits():
     )
 
 
-def test_prelu_needs_activate2_which_is_not_implemented():
+def test_prelu_is_refused_by_activation_for_want_of_a_slope():
+    """Stub nki/api/nki/language/__init__.py, prelu: "Used as the ``op`` parameter in
+    activation ISA instructions such as nki.isa.activation. The slope for negative inputs is
+    controlled by the ``relu_param`` argument"; nki/api/nki/isa/__init__.py: activation and
+    activation_reduce take no relu_param (activate2 does, line 1543). The refusal names the
+    API and quotes the reason from the table that generates the README."""
     from _compute_helpers import run_body
 
-    with pytest.raises(NotImplementedByInterpreter, match="prelu"):
-        run_body(lambda: nisa.activation(dst=tile((2, 2)), op=nl.prelu, data=tile((2, 2))))
+    from neuron_kernels.interpreter.unimplemented import UNIMPLEMENTED
+
+    calls = {
+        "nisa.activation": lambda: nisa.activation(
+            dst=tile((2, 2)), op=nl.prelu, data=tile((2, 2))
+        ),
+        "nisa.activation_reduce": lambda: nisa.activation_reduce(
+            dst=tile((2, 2)),
+            op=nl.prelu,
+            data=tile((2, 2)),
+            reduce_op=nl.add,
+            reduce_res=tile((2, 1)),
+        ),
+    }
+    for api, call in calls.items():
+        with pytest.raises(NotImplementedByInterpreter) as info:
+            run_body(call)
+        why = UNIMPLEMENTED[f"nki.isa.{api[5:]}(op=nl.prelu)"]
+        assert str(info.value).startswith(f"{api}(op=nl.prelu) is not implemented")
+        assert why in str(info.value) and "relu_param" in why

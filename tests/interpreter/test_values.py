@@ -82,6 +82,116 @@ def test_loop_bounds_are_int32():
     )  # the stub names the one bound start
 
 
+def plain_range_kernel(start, stop, fill):
+    out = nl.ndarray((2, 4), nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray((2, 4), nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=0)
+    for i in range(start, stop):
+        if fill:
+            nisa.memset(dst=t, value=i)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_plain_range_bounds_are_trace_time_and_its_index_is_checked_where_used():
+    """Guide line 88: "All ``for`` loops (except ``dynamic_range``) are **unrolled** at
+    specialization time": a ``range()`` bound is consumed by the trace, never an operand,
+    so it is not checked (values.py says so); the index it yields is an NKI int where it
+    reaches an instruction (line 145: "32-bit integer values")."""
+    out = run(plain_range_kernel, (2**40, 2**40 + 1, False)).outputs
+    assert (out == 0).all()
+    with pytest.raises(NkiValidationError) as info:
+        run(plain_range_kernel, (2**31, 2**31 + 1, True))
+    assert (info.value.op, info.value.arg, info.value.value) == ("nisa.memset", "value", 2**31)
+    out = run(plain_range_kernel, (2**31 - 1, 2**31, True)).outputs
+    assert (out == 2**31 - 1).all()
+
+
+def as_lists(pattern):
+    """The stub's form, a list of [step, num] lists (kernel arguments are tuples)."""
+    levels = []
+    for step, num in pattern:
+        levels.append([step, num])
+    return levels
+
+
+def iota_kernel(pattern):
+    out = nl.ndarray((2, 4), nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray((2, 4), nl.int32, buffer=nl.sbuf)
+    nisa.iota(dst=t, pattern=as_lists(pattern))
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@pytest.mark.parametrize(
+    "pattern, arg, value",
+    [
+        (((2**31, 4),), "pattern[0] step", 2**31),  # int64 would wrap it to -2**31
+        (((2**40, 4),), "pattern[0] step", 2**40),  # int32 would truncate it to 0
+        (((1, 2), (-(2**31) - 1, 2)), "pattern[1] step", -(2**31) - 1),
+        (((1.7, 4),), "pattern[0] step", "1.7"),  # int() would truncate it to 1
+        (((1, 4.0),), "pattern[0] num", "4.0"),
+        (((1, True),), "pattern[0] num", "True"),
+    ],
+)
+def test_iota_pattern_steps_and_nums_are_int32(pattern, arg, value):
+    """Stub nki/api/nki/isa/__init__.py, iota: "a list of [step, num]" over which "the
+    instruction generates a stream of values" in int32; guide 'NKI Values' line 145: "32-bit
+    integer values". A step or num that is not an int within int32 is refused, naming it."""
+    with pytest.raises(NkiValidationError) as info:
+        run(iota_kernel, (pattern,))
+    assert (info.value.op, info.value.arg, info.value.value) == ("nisa.iota", arg, value)
+    assert "int" in info.value.rule
+
+
+def test_iota_pattern_at_the_int32_limits_is_accepted():
+    """The same stub: steps at int32's ends are valid; values wrap in int32 arithmetic."""
+    out = run(iota_kernel, (((2**31 - 1, 2), (-(2**31), 2)),)).outputs
+    want = np.array([0, -(2**31), 2**31 - 1, -1], np.int64).astype(np.int32)
+    np.testing.assert_array_equal(out, np.tile(want, (2, 1)))
+
+
+def affine_select_kernel(x, pattern, on_false_value):
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.affine_select(
+        dst=t,
+        pattern=as_lists(pattern),
+        channel_multiplier=0,
+        on_true_tile=t,
+        on_false_value=on_false_value,
+        cmp_op=nl.greater_equal,
+    )
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_affine_select_pattern_and_fill_are_32_bit():
+    """Stub nki/api/nki/isa/__init__.py, affine_select: the same int32 [step, num] pattern;
+    ``on_false_value`` a compile-time fp32 scalar, so (values.py) rounded to float32 and
+    refused when a finite value rounds to infinity."""
+    x = np.ones((2, 4), np.float32)
+    for pattern, arg, value in (
+        (((2**32, 4),), "pattern[0] step", 2**32),
+        (((1, 2.5),), "pattern[0] num", "2.5"),
+    ):
+        with pytest.raises(NkiValidationError) as info:
+            run(affine_select_kernel, (x, pattern, 0.0))
+        assert (info.value.op, info.value.arg, info.value.value) == (
+            "nisa.affine_select",
+            arg,
+            value,
+        )
+    with pytest.raises(NkiValidationError) as info:
+        run(affine_select_kernel, (x, ((-1, 4),), 1e39))
+    assert (info.value.arg, info.value.value) == ("on_false_value", 1e39)
+    out = run(affine_select_kernel, (x, ((-1, 4),), -3.4028235e38)).outputs
+    # affine value -j >= 0 only at j = 0; float32's lowest elsewhere (rounded, not refused)
+    np.testing.assert_array_equal(out[:, 0], [1, 1])
+    assert (out[:, 1:] == np.finfo(np.float32).min).all()
+
+
 def dma_kernel(x, dge_mode):
     out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
     t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
