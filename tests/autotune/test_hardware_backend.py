@@ -4,8 +4,9 @@ The real worker programs (``autotune/compile_worker.py``, ``autotune/measure_wor
 as the tuner starts them, in their own processes, against doubles written from the published
 surface of ``nki.jit`` + ``NKI_ARTIFACTS_DIR`` and of nrtpy (each behaviour cites its doc line
 in ``hw_doubles/``): a study completes and writes "hardware" entries the op then reads, a
-wrong result fails its trial, a crashed worker fails its trial, a worker hung past the
-deadline is killed and fails its trial, and a resumed study measures only what is new.
+wrong result fails its trial, a crashed measure or compile worker fails its trial (and the
+study goes on), a worker hung past the deadline is killed and fails its trial, and a resumed
+study measures only what is new.
 
 What this proves: the tuner's side of the protocol (requests, results, the NEFF cache, core
 assignment through ``NEURON_RT_VISIBLE_CORES``, deadlines, the correctness gate, what is
@@ -214,6 +215,27 @@ def test_crash_and_wrong_result_fail_their_trials_not_the_study(node, tmp_path, 
     assert trials[0].user_attrs["failed"].startswith("the measure worker died (exit code -6)")
     assert trials[1].user_attrs["failed"].startswith("wrong result on the NeuronCore:")
     assert found.failed == 2 and found.best_config == trials[2].params
+
+
+def test_a_compile_worker_crash_fails_its_trial_not_the_study(node, tmp_path, monkeypatch):
+    """The compiler process dies mid-compile (the nki double aborts at the kernel call,
+    ``hw_double_faults.py``: ``compile_crash``): the compile worker "exits non-zero", which
+    fails that trial and never the study (``autotune/neff_backend.py``, Deadline); the next
+    trial compiles and completes."""
+    # a NEFF cache of its own: the first trial's kernel must really be compiled here (the
+    # module's shared cache may already hold it, and then nothing would crash)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("NEURON_KERNELS_DOUBLE_FAULT", "compile_crash@1")
+    _, _, found, trials = _tune(tmp_path, _backend(), trials=2)
+    F, C = optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE
+    assert [t.state for t in trials] == [F, C]
+    assert trials[0].user_attrs["failed"].startswith("the compile worker died (exit code -6)")
+    assert found.failed == 1 and found.best_config == trials[1].params
+    # the crashed compile left no NEFF behind for a later trial to pick up: one compile
+    # finished (the second trial's), and only its NEFF was loaded
+    calls = _calls(node)
+    assert len([c for c in calls if c["stage"] == "compile"]) == 1
+    assert len([c for c in calls if c["stage"] == "load"]) == 1
 
 
 def test_a_hung_worker_is_killed_at_the_deadline_and_fails_only_its_trial(
