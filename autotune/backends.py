@@ -164,14 +164,15 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def make_backend(name: str, target: str, lnc: int = 1, **options):
-    """The backend ``name`` for ``target``: the model backend launches at LNC ``lnc``; the
-    hardware backend at the node's (``launch_lnc``); ``options`` go to the hardware backend
-    (``nrtpy_python``, ``compile_jobs``, ``trial_deadline_s``, ...)."""
+def make_backend(name: str, target: str, lnc: int | None = None, **options):
+    """The backend ``name`` for ``target``, launching kernels at LNC ``lnc`` (the tuned
+    point's: configs are checked, measured and stored at one LNC). When ``lnc`` is None the
+    model backend launches at 1 and the hardware backend at ``launch_lnc``; ``options`` go to
+    the hardware backend (``nrtpy_python``, ``compile_jobs``, ``trial_deadline_s``, ...)."""
     if name == "model":
-        return ModelBackend(target, lnc=lnc)
+        return ModelBackend(target, lnc=1 if lnc is None else lnc)
     if name == "hardware":
         from neuron_kernels.autotune.neff_backend import HardwareBackend
 
-        return HardwareBackend(target, **options)
+        return HardwareBackend(target, lnc=lnc, **options)
     raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")

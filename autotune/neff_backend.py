@@ -18,8 +18,18 @@ One trial (:meth:`HardwareBackend.measure`):
 The latency is the sum over launches of the device-side median; the 90th and 99th
 percentiles, the compiler and nki versions, the instance type and the LNC are recorded.
 
-Cores. At the node's LNC (``neuron_kernels.hardware.launch_lnc(target)`` where it exists,
-else the LNC ``neuron-ls`` reports), the logical cores are split: the last
+LNC. Kernels are compiled, measured and stored at the LNC asked for (``autotune --lnc``,
+the tuned point's, at which the tuner also checks each config), else at the node's launch
+LNC (``neuron_kernels.hardware.launch_lnc(target)`` where it exists, else the LNC
+``neuron-ls`` reports). Both workers get it as ``NEURON_LOGICAL_NC_CONFIG``, the runtime
+environment variable that "controls how many physical NeuronCores are grouped to make up a
+logical NeuronCore" and that a NEFF's LNC must match
+(about-neuron/arch/neuron-features/logical-neuroncore-config.rst; nki/api/nki/__init__.py,
+``jit``: "Mismatching the two will cause a runtime error"), so ``--lnc 1`` on a node whose
+runtime defaults to LNC=2 launches ``kernel[1]`` on the node's physical cores one by one.
+
+Cores. At that LNC (the node's logical cores regrouped: :meth:`NodeInfo.cores_at`), the
+logical cores are split: the last
 ``compile_jobs`` are kept for compiles (a standalone ``nki.jit`` call compiles *and runs*,
 tutorial-debug-neff-nrtpy.rst Step 2), the others are measured on, one measure worker per
 core. Each worker gets its core through ``NEURON_RT_VISIBLE_CORES`` (the variable
@@ -368,10 +378,13 @@ class NeffRunner:
 class HardwareBackend:
     """Latency measured on a NeuronCore from NEFFs (module docstring).
 
+    ``lnc``: the LNC to compile, measure and store at (the tuned point's); None: the node's
+    launch LNC.
+
     Raises:
         BackendUnavailable: at construction, naming the one thing this machine lacks
-            (:func:`neuron_kernels.autotune.hw_node.readiness`), or when ``compile_jobs``
-            leaves no core to measure on.
+            (:func:`neuron_kernels.autotune.hw_node.readiness`), an ``lnc`` the target does
+            not have, or when ``compile_jobs`` leaves no core to measure on.
     """
 
     name = "hardware"
@@ -387,6 +400,7 @@ class HardwareBackend:
         benchmark_iter: int = DEFAULT_BENCHMARK_ITER,
         workdir: Path | None = None,
         probe=None,
+        lnc: int | None = None,
     ) -> None:
         ready = hw_node.readiness(nrtpy_python, probe)
         if not ready.ready:
@@ -397,7 +411,12 @@ class HardwareBackend:
             ready.nrtpy_python,
             ready.nki_version,
         )
-        self.lnc = _launch_lnc(self.target, self.node)
+        if lnc is not None and int(lnc) not in self.target.lnc_choices:
+            choices = "|".join(map(str, self.target.lnc_choices))
+            raise BackendUnavailable(
+                f"--lnc {lnc} must be an LNC {self.target.name} has ({choices})"
+            )
+        self.lnc = _launch_lnc(self.target, self.node) if lnc is None else int(lnc)
         cores = self.node.cores_at(self.lnc)
         if compile_jobs < 1 or compile_jobs >= len(cores):
             raise BackendUnavailable(

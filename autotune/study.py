@@ -391,9 +391,23 @@ def tune(
 
     ``backend`` is ``"model"``, ``"hardware"`` or an object with ``name``, ``source`` and
     ``measure(spec, problem, dtype, config)`` (tests pass synthetic ones; ``jobs`` 1 then).
+    A backend object that launches at an ``lnc`` must launch at every point's: each config
+    is checked at the point's LNC and stored under it, so it must be measured there too.
+
+    Raises:
+        ValueError: a point's LNC is not the backend object's.
     """
     from neuron_kernels.autotune.storage import default_storage_url
 
+    if not isinstance(backend, str) and getattr(backend, "lnc", None) is not None:
+        for p in points:
+            if p.lnc != backend.lnc:
+                raise ValueError(
+                    f"point {p.shape} {p.dtype} is at lnc={p.lnc}, but the {backend.name} "
+                    f"backend launches at LNC={backend.lnc}: a config is checked and stored "
+                    "at its point's LNC and must be measured at it (make the backend with "
+                    "that lnc)"
+                )
     storage_url = storage_url or default_storage_url()
     storage = open_storage(storage_url, *(heartbeat or ()))
     make_sampler(sampler, spec.config.space(), seed, trials)  # refuse a bad sampler up front

@@ -133,7 +133,7 @@ def check_hardware_tuning(nrtpy_python: str | None, shape: str, workdir: Path) -
         backend = HardwareBackend("trn2", nrtpy_python=nrtpy_python, workdir=workdir / "hw")
     except BackendUnavailable as exc:
         return False, str(exc)
-    point = make_point(spec, shape, "bfloat16")
+    point = make_point(spec, shape, "bfloat16", backend.lnc)  # tuned at the LNC it runs at
     root = workdir / "perf_results"
     (found,) = tune(
         spec,

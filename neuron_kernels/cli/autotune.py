@@ -314,7 +314,8 @@ def main(args) -> int:
             trial_deadline_s=deadline or DEFAULT_TRIAL_DEADLINE_S,
         )
     try:
-        made = make_backend(backend, target.name, **options)  # hardware: the missing thing
+        # at the points' LNC (--lnc): the hardware backend compiles, measures and stores there
+        made = make_backend(backend, target.name, points[0].lnc, **options)
     except BackendUnavailable as exc:
         raise UsageError("--backend", backend, str(exc)) from None
     backend_arg = made if backend == "hardware" else backend

@@ -4,8 +4,9 @@ The real worker programs (``autotune/compile_worker.py``, ``autotune/measure_wor
 as the tuner starts them, in their own processes, against doubles written from the published
 surface of ``nki.jit`` + ``NKI_ARTIFACTS_DIR`` and of nrtpy (each behaviour cites its doc line
 in ``hw_doubles/``): a study completes and writes "hardware" entries the op then reads, a
-wrong result fails its trial, a crashed worker fails its trial, a worker hung past the
-deadline is killed and fails its trial, and a resumed study measures only what is new.
+wrong result fails its trial, a crashed measure or compile worker fails its trial (and the
+study goes on), a worker hung past the deadline is killed and fails its trial, and a resumed
+study measures only what is new.
 
 What this proves: the tuner's side of the protocol (requests, results, the NEFF cache, core
 assignment through ``NEURON_RT_VISIBLE_CORES``, deadlines, the correctness gate, what is
@@ -85,7 +86,7 @@ def _backend(**kw):
 
 def _tune(tmp_path, backend, trials, storage=None):
     spec = get_spec("matmul")
-    point = make_point(spec, SHAPE, "bfloat16")
+    point = make_point(spec, SHAPE, "bfloat16", backend.lnc)  # checked where it is measured
     (found,) = tune(
         spec,
         [point],
@@ -216,6 +217,27 @@ def test_crash_and_wrong_result_fail_their_trials_not_the_study(node, tmp_path, 
     assert found.failed == 2 and found.best_config == trials[2].params
 
 
+def test_a_compile_worker_crash_fails_its_trial_not_the_study(node, tmp_path, monkeypatch):
+    """The compiler process dies mid-compile (the nki double aborts at the kernel call,
+    ``hw_double_faults.py``: ``compile_crash``): the compile worker "exits non-zero", which
+    fails that trial and never the study (``autotune/neff_backend.py``, Deadline); the next
+    trial compiles and completes."""
+    # a NEFF cache of its own: the first trial's kernel must really be compiled here (the
+    # module's shared cache may already hold it, and then nothing would crash)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("NEURON_KERNELS_DOUBLE_FAULT", "compile_crash@1")
+    _, _, found, trials = _tune(tmp_path, _backend(), trials=2)
+    F, C = optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE
+    assert [t.state for t in trials] == [F, C]
+    assert trials[0].user_attrs["failed"].startswith("the compile worker died (exit code -6)")
+    assert found.failed == 1 and found.best_config == trials[1].params
+    # the crashed compile left no NEFF behind for a later trial to pick up: one compile
+    # finished (the second trial's), and only its NEFF was loaded
+    calls = _calls(node)
+    assert len([c for c in calls if c["stage"] == "compile"]) == 1
+    assert len([c for c in calls if c["stage"] == "load"]) == 1
+
+
 def test_a_hung_worker_is_killed_at_the_deadline_and_fails_only_its_trial(
     node, tmp_path, monkeypatch
 ):
@@ -244,6 +266,79 @@ def test_a_resumed_study_measures_only_new_configs(node, tmp_path):
     assert len(trials2) == 2 and trials2[0].value == trials[0].value  # the first is kept
     assert len([c for c in _calls(node) if c["stage"] == "load"]) == loads + 1  # one new run
     assert again.study_name == first.study_name
+
+
+def test_lnc_1_on_an_lnc_2_node_compiles_measures_and_stores_at_lnc_1(node, tmp_path, capsys):
+    """``autotune --lnc 1 --backend hardware`` on a node whose runtime launches at LNC=2: the
+    config is checked at LNC=1 (the point's), so it is also compiled as ``kernel[1]``,
+    measured with ``NEURON_LOGICAL_NC_CONFIG=1`` on the node's cores regrouped at LNC=1 (8
+    where LNC=2 shows 4) and stored under LNC=1: the runtime variable sets the grouping
+    (logical-neuroncore-config.rst) and a NEFF at another LNC would fail to run (the nrtpy
+    double refuses one, as nki/api/nki/__init__.py ``jit`` says the runtime does)."""
+    from neuron_kernels.cli import main
+
+    code = main(
+        [
+            "autotune",
+            "matmul",
+            "--shape",
+            SHAPE,
+            "--lnc",
+            "1",
+            "--backend",
+            "hardware",
+            "--trials",
+            "1",
+            "--nrtpy-python",
+            sys.executable,
+            "--trial-deadline",
+            str(DEADLINE_S),
+            "--storage",
+            f"sqlite:///{tmp_path / 's.db'}",
+            "--results",
+            str(tmp_path),
+            "--quiet",
+            "--no-warm-start",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "autotune matmul on trn2 at LNC=1:" in out
+    assert (
+        "hardware: trn2.48xlarge at LNC=1; compiles on logical core(s) [7], measurements on "
+        "[0, 1, 2, 3, 4, 5, 6]" in out
+    )
+    (entry,) = results.load_entries(tmp_path / "trn2" / "matmul.json", "matmul", "trn2")
+    assert entry["lnc"] == 1 and entry["hardware"]["lnc"] == 1
+    calls = _calls(node)
+    assert {c["lnc"] for c in calls} == {"1"}  # both workers ran at the runtime LNC of 1
+    assert {c["stage"] for c in calls} >= {"compile", "load", "call", "benchmark"}
+    neffs = [
+        json.loads(Path(c["artifacts"], "kernel.neff").read_text())
+        for c in calls
+        if c["stage"] == "compile"
+    ]
+    assert neffs and {n["lnc"] for n in neffs} == {1}  # launched as kernel[1]
+    assert {c["visible_cores"] for c in calls if c["stage"] == "compile"} == {"7"}
+
+
+def test_a_backend_at_another_lnc_than_the_point_is_refused(node, tmp_path):
+    """A config checked at one LNC is never measured or stored at another (the tuner's API;
+    the CLI makes the backend at the points' LNC)."""
+    spec = get_spec("matmul")
+    point = make_point(spec, SHAPE, "bfloat16", 1)
+    with pytest.raises(ValueError, match="is at lnc=1, but the hardware backend launches at LNC=2"):
+        tune(
+            spec,
+            [point],
+            trials=1,
+            storage_url=f"sqlite:///{tmp_path / 's.db'}",
+            backend=_backend(),
+            warm_start=False,
+            results_root=tmp_path,
+        )
+    with pytest.raises(BackendUnavailable, match=r"--lnc 3 must be an LNC trn2 has \(1\|2\)"):
+        _backend(lnc=3)
 
 
 def test_autotune_cli_stops_before_tuning_naming_what_is_missing(monkeypatch, tmp_path, capsys):

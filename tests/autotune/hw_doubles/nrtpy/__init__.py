@@ -18,6 +18,12 @@ Behaviours, each from aws-neuron/aws-neuron-sdk neuron-runtime/nrtpy/:
 * configuration.rst: ``configure(visible_cores=None)`` "only sets the
   ``NEURON_RT_VISIBLE_CORES`` environment variable"; TypeError for an ``int``.
 * errors.rst: ``NrtError`` (from libnrt) and ``NrtpyError``.
+* about-neuron/arch/neuron-features/logical-neuroncore-config.rst: the runtime's LNC is the
+  ``NEURON_LOGICAL_NC_CONFIG`` environment variable, 2 by default on Trainium2 ("LNC=2
+  (default)"), and a NEFF must be compiled for it ("doesn't support setting the compiler flag
+  to a different LNC configuration than the Neuron Runtime environment variable");
+  nki/api/nki/__init__.py, ``jit``: "Mismatching the two will cause a runtime error". The
+  double raises ``NrtError`` at load for a NEFF launched at another LNC.
 
 Not the real thing: the NEFF is the nki double's JSON; the kernel runs on our interpreter and
 its "device" durations are the cost model's latency for that run (modeled), with a fixed
@@ -125,6 +131,13 @@ class NrtpyModel:
             raise NrtError(f"NRT Error: failed to load {neff_path}: {exc}") from None
         if neff.get("format") != NEFF_FORMAT:
             raise NrtError(f"NRT Error: {neff_path} is not a NEFF")
+        default = "2" if neff.get("target") in ("trn2", "trn3") else "1"
+        runtime_lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or default)
+        if int(neff.get("lnc") or 1) != runtime_lnc:
+            raise NrtError(
+                f"NRT Error: {neff_path} was compiled for LNC={neff.get('lnc') or 1}, the "
+                f"runtime runs at NEURON_LOGICAL_NC_CONFIG={runtime_lnc}"
+            )
         hw_double_faults.log("load", neff=str(neff_path), core_id=core_id)
         return cls(neff, name or os.path.splitext(os.path.basename(str(neff_path)))[0])
 
