@@ -40,11 +40,12 @@ _DOC = "nki/api/nki/isa/__init__.py core_barrier"
 class _Touch:
     """One HBM access of one instruction on one core."""
 
-    __slots__ = ("core", "ins", "write", "view", "lo", "hi", "rows", "dense")
+    __slots__ = ("core", "ins", "write", "view", "lo", "hi", "rows", "dense", "box")
 
     def __init__(self, core, ins, write, view, lo, hi, rows, dense):
         self.core, self.ins, self.write, self.view = core, ins, write, view
         self.lo, self.hi, self.rows, self.dense = lo, hi, rows, dense
+        self.box = _box(view)
 
 
 def check_hbm_races(instructions: list[Instruction], views: dict, compute: bool) -> None:
@@ -147,9 +148,47 @@ def _extent(view) -> tuple[int, int, tuple | None, bool]:
     return lo * item, (hi + 1) * item, rows, dense
 
 
+def _box(view) -> tuple | None:
+    """The view's elements as a box of its allocation's row-major array: per dimension of
+    the allocation, the index range ``(first, last)`` the view spans, when every dimension
+    of the view steps along one dimension of the allocation (a tile, also a transposed or
+    strided-by-dimension one); else None (merged, repeated or indirect dimensions).
+
+    Two boxes of one allocation share an element exactly when their ranges meet in every
+    dimension, so the check needs no byte enumeration (a transposed HBM tile spans many
+    rows, and enumerating both tiles' bytes made one LNC=2 matmul trace take minutes)."""
+    st = view._storage
+    if view._indirect is not None or view.itemsize != st.itemsize or not st.shape:
+        return None
+    shape = tuple(st.shape)
+    strides, acc = [0] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        strides[d] = acc
+        acc *= shape[d]
+    first, rest = [0] * len(shape), view.offset
+    for d in range(len(shape)):
+        first[d], rest = divmod(rest, strides[d])
+    if rest or not all(0 <= f < n for f, n in zip(first, shape)):
+        return None
+    last = list(first)
+    for n, s in zip(view.shape, view.strides):
+        if n <= 1:
+            continue
+        dims = [d for d in range(len(shape)) if shape[d] > 1 and strides[d] == s]
+        if len(dims) != 1 or last[dims[0]] != first[dims[0]]:
+            return None  # a merged or negative step, or a second step along one dimension
+        d = dims[0]
+        last[d] = first[d] + n - 1
+        if last[d] >= shape[d]:
+            return None
+    return tuple(zip(first, last))
+
+
 def _overlap(a: _Touch, b: _Touch, compute: bool) -> bool:
     if not (a.lo < b.hi and b.lo < a.hi):
         return False
+    if a.box is not None and b.box is not None:
+        return all(f1 <= l2 and f2 <= l1 for (f1, l1), (f2, l2) in zip(a.box, b.box))
     if a.dense and b.dense:
         return True
     if a.rows is not None and b.rows is not None and a.rows[0] == b.rows[0]:

@@ -190,6 +190,62 @@ def test_race_needs_the_same_bytes_not_just_the_same_box(region0, region1, race)
         run(kernel, (X,))
 
 
+def _two_transposed_writers(region0, region1):
+    """Core c writes ``out[region_c].permute((1, 0))``: a transposed tile, as the matmul kernel
+    stores C^T tiles (its row stride is 1 element, its column stride a whole row)."""
+
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm, name="out")
+        region = region0 if nl.program_id(0) == 0 else region1
+        view = out[region].permute((1, 0))
+        t = nl.ndarray(tuple(view.shape), x.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=t, value=1.0)
+        nisa.dma_copy(dst=view, src=t)
+        return out
+
+    return kernel
+
+
+@pytest.mark.parametrize(
+    ("region0", "region1", "race"),
+    [
+        ((slice(0, 64), slice(0, 4)), (slice(0, 64), slice(4, 8)), False),  # side by side
+        ((slice(0, 64), slice(0, 4)), (slice(64, 128), slice(0, 4)), False),  # one above other
+        ((slice(0, 64), slice(0, 4)), (slice(32, 128), slice(2, 6)), True),  # [32:64, 2:4] meet
+        ((slice(0, 64), slice(0, 4)), (slice(63, 64), slice(3, 4)), True),  # one element meets
+    ],
+)
+def test_transposed_tiles_race_exactly_when_they_share_an_element(region0, region1, race):
+    """Transposed tiles span every row they cover, so their byte ranges overlap whenever their
+    rows do; they are compared as boxes of the tensor (row range x column range), exactly."""
+    kernel = _two_transposed_writers(region0, region1)[2]
+    if race:
+        with pytest.raises(NkiValidationError, match="HBM tensor 'out'"):
+            run(kernel, (X,))
+    else:
+        run(kernel, (X,))
+
+
+def test_transposed_tile_is_a_box_of_its_tensor():
+    """The box of ``out[8:24, 2:6].permute((1, 0))`` is rows 8..23 x columns 2..5; a strided
+    view (every other column) is not a box and keeps the exact byte comparison."""
+    from neuron_kernels.interpreter.races import _box
+
+    seen = {}
+
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray((32, 8), x.dtype, buffer=nl.shared_hbm, name="out")
+        seen["t"] = _box(out[8:24, 2:6].permute((1, 0)))
+        seen["strided"] = _box(out[8:24, 0:8:2])
+        seen["rows"] = _box(out[8:24, :])
+        return out
+
+    run(kernel, (X,))
+    assert seen == {"t": ((8, 23), (2, 5)), "strided": None, "rows": ((8, 23), (0, 7))}
+
+
 @nki.jit
 def column_sums_split_then_combined(x):
     """RMSNorm-backward-style reduction at LNC=2: each core sums its half of the rows into
