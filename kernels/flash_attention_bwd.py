@@ -47,7 +47,9 @@ Pipeline, per tile pair ``n`` in a query pass (stage 2 trails by ``lag_kv``, sta
 
 The state each level keeps is a record (``nl.NKIObject``): :class:`KVSums` per group,
 :class:`QueryPass` and :class:`QuerySums` per query pass, :class:`KeyTile` per key tile,
-:class:`TilePair` (where) and :class:`PairTiles` (its P, dS, dS^T) per tile pair.
+:class:`TilePair` (where) and :class:`PairTiles` (its P, dS, dS^T) per tile pair. The
+causal visibility of a tile, its mask and the contraction over D are the forward's helpers
+(:mod:`.flash_attention`), so both directions read the diagonal the same way.
 """
 
 from __future__ import annotations
@@ -61,8 +63,13 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
     attention_reference,
+    causal_key_bounds,
     causal_visible,
+    mask_causal,
+    matmul_over_d,
     resolve_scale,
+    tile_visibility,
+    transpose_blocks,
     validate_attention,
 )
 from neuron_kernels.kernels.spec import (
@@ -305,7 +312,7 @@ def _query_passes(groups, sq, sk, tq, q_block, causal):
         for p0, n_pass in tiled(len(tiles), q_block):
             cost = 0
             for q0, n_q in tiles[p0 : p0 + n_pass]:
-                k_end = min(sk, q0 + n_q + sk - sq) if causal else sk
+                _, k_end = causal_key_bounds(q0, n_q, sq, sk, causal)
                 cost += max(0, k_end) + tq
             passes.append((g, p0, n_pass))
             costs.append(cost)
@@ -445,48 +452,22 @@ def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
         else:
             nisa.tensor_copy(dst=dst[0:n_k, 0:n_q], src=tp)
     else:
-        blk = plan.vector_transpose
-        for p0, ps in tiled(n_q, blk):
-            for f0, fs in tiled(n_k, blk):
-                nisa.nc_transpose(
-                    dst=dst[f0 : f0 + fs, p0 : p0 + ps],
-                    data=ds[p0 : p0 + ps, f0 : f0 + fs],
-                    engine=nisa.engine.vector,
-                )
+        transpose_blocks(dst[0:n_k, 0:n_q], ds[0:n_q, 0:n_k], n_q, n_k, plan)
     return dst
-
-
-def _visibility(q0, n_q, k0, n_k, plan):
-    """ "none" (skip the pair), "all" (no mask) or "some" (mask on the diagonal) for the
-    queries ``[q0, q0 + n_q)`` and keys ``[k0, k0 + n_k)``: a trace-time decision."""
-    if not plan.causal:
-        return "all"
-    off = plan.sk - plan.sq  # query i sees key j iff j <= i + off (bottom-right)
-    if k0 > q0 + n_q - 1 + off:
-        return "none"
-    if k0 + n_k - 1 <= q0 + off:
-        return "all"
-    return "some"
 
 
 def _scores(qs, kv, pair, scale, plan):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
     the diagonal) and ``dS = P * (dP - D)``; returns the pair's SBUF tiles."""
     t, j, n_q, n_k = pair.t, pair.j, pair.n_q, pair.n_k
-    tq, tk, dt = plan.tile_q, plan.tile_k, plan.d_tile
+    tq, tk = plan.tile_q, plan.tile_k
     dtype = qs.q.dtype
     # S and dP side by side in one PSUM bank ([tq, 2, tk] fp32 <= 1 KiB per partition):
     # a pair holds one bank instead of two, so more pairs are in flight (modeled 61.2% vs
     # 53.4% TensorE at S4096; a matmul may write any region within one bank).
     s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
     s = s_dp[:, 0, :]
-    for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
-        nisa.nc_matmul(
-            dst=s[0:n_q, 0:n_k],
-            stationary=qs.q_t[0:dcs, c, t * tq : t * tq + n_q],
-            moving=kv.k_t[0:dcs, c, 0:n_k],
-            accumulate=c > 0,
-        )
+    matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
     nisa.activation(
         dst=p[0:n_q, 0:n_k],
@@ -496,24 +477,9 @@ def _scores(qs, kv, pair, scale, plan):
         scale=scale,
     )
     if pair.seen == "some":
-        # Keep key k0 + f for query q0 + p iff (q0 + p + Sk - Sq) - (k0 + f) >= 0.
-        nisa.affine_select(
-            dst=p[0:n_q, 0:n_k],
-            pattern=[[-1, n_k]],
-            channel_multiplier=1,
-            on_true_tile=p[0:n_q, 0:n_k],
-            on_false_value=0.0,
-            cmp_op=nl.greater_equal,
-            offset=pair.q0 + plan.sk - plan.sq - pair.k0,
-        )
+        mask_causal(p[0:n_q, 0:n_k], n_k, pair.q0, pair.k0, plan, 0.0)
     dp = s_dp[:, 1, :]
-    for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
-        nisa.nc_matmul(
-            dst=dp[0:n_q, 0:n_k],
-            stationary=qs.do_t[0:dcs, c, t * tq : t * tq + n_q],
-            moving=kv.v_t[0:dcs, c, 0:n_k],
-            accumulate=c > 0,
-        )
+    matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, 0, n_k, plan)
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
     neg_d = qs.neg_dvec[0:n_q, t : t + 1]
     split = plan.elementwise == "split" or (plan.elementwise == "balanced" and (t + j) % 2 == 0)
@@ -643,7 +609,8 @@ def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
         do_src=[],
     )
     for t, (q0, n_q) in enumerate(tiled(plan.sq, tq)[p0 : p0 + n_tiles]):
-        if _visibility(q0, n_q, 0, plan.sk, plan) == "none":
+        _, k_end = causal_key_bounds(q0, n_q, plan.sq, plan.sk, plan.causal)
+        if k_end <= 0:  # no row of the tile sees a key: its dq is zero
             continue
         qs.live.append((t, n_q))
         qs.q_src.append(q[b, h, q0 : q0 + n_q, :])
@@ -763,7 +730,7 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
         t, j = tj
         q0, k0 = (p0 + t) * tq, j * tk
         n_q, n_k = min(tq, plan.sq - q0), min(tk, plan.sk - k0)
-        seen = _visibility(q0, n_q, k0, n_k, plan)
+        seen = tile_visibility(q0, n_q, k0, n_k, plan.sq, plan.sk, plan.causal)
         if seen != "none":
             pairs.append(TilePair(t=t, j=j, q0=q0, n_q=n_q, k0=k0, n_k=n_k, seen=seen))
     return pairs
