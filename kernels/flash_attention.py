@@ -1,5 +1,7 @@
-"""Flash attention forward on Trainium, the attention contract shared with the backward,
-and the ``flash_attention`` / ``flash_attention_fwd`` op declarations.
+"""Flash attention forward on Trainium, the attention contract shared with the backward
+(and the helpers both kernels use: the causal diagonal, its mask, the contraction over D,
+VectorE block transposes), and the ``flash_attention`` / ``flash_attention_fwd`` op
+declarations.
 
 Layout BHSD, as ``torch.nn.functional.scaled_dot_product_attention`` takes it:
 q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` with ``H % Hkv == 0`` (GQA/MQA: query head
@@ -73,10 +75,15 @@ __all__ = [
     "FlashAttentionConfig",
     "FlashAttentionPlan",
     "attention_reference",
+    "causal_key_bounds",
     "causal_visible",
     "flash_attention_fwd_kernel",
+    "mask_causal",
+    "matmul_over_d",
     "plan",
     "resolve_scale",
+    "tile_visibility",
+    "transpose_blocks",
     "validate_attention",
 ]
 
@@ -100,6 +107,30 @@ def causal_visible(sq: int, sk: int, device=None) -> torch.Tensor:
     i = torch.arange(sq, device=device).unsqueeze(1)
     j = torch.arange(sk, device=device).unsqueeze(0)
     return j <= i + (sk - sq)
+
+
+def causal_key_bounds(q0: int, n_q: int, sq: int, sk: int, causal: bool) -> tuple[int, int]:
+    """``(k_all, k_end)`` for the query rows ``[q0, q0 + n_q)``: keys ``j < k_all`` are
+    visible to every row, keys ``j < k_end`` to some row (query ``i`` sees key ``j`` iff
+    ``j <= i + Sk - Sq``, bottom-right); both ``Sk`` without the mask. Either may be <= 0:
+    rows before ``Sq - Sk`` see no key. The one statement of the diagonal the forward and
+    the backward plan and trace their tiles by (:func:`causal_visible` is the reference's)."""
+    if not causal:
+        return sk, sk
+    offset = sk - sq
+    return q0 + offset + 1, min(sk, q0 + n_q + offset)
+
+
+def tile_visibility(q0: int, n_q: int, k0: int, n_k: int, sq: int, sk: int, causal: bool) -> str:
+    """How the query rows ``[q0, q0 + n_q)`` see the keys ``[k0, k0 + n_k)``: "none" (no
+    row sees any: the tile is skipped), "all" (every row sees every key: no mask) or "some"
+    (the causal diagonal crosses the tile: it is masked). A trace-time decision."""
+    k_all, k_end = causal_key_bounds(q0, n_q, sq, sk, causal)
+    if k0 >= k_end:
+        return "none"
+    if k0 + n_k <= k_all:
+        return "all"
+    return "some"
 
 
 def validate_attention(op_name: str, q, k, v, causal=False, softmax_scale=None) -> None:
@@ -371,7 +402,7 @@ def query_tiles(group: int, sq: int, sk: int, q_tile: int, causal: bool):
     for g in range(group):
         for q0, qs in tiled(sq, q_tile):
             tiles.append((g, q0))
-            k_end = min(sk, q0 + qs + sk - sq) if causal else sk
+            _, k_end = causal_key_bounds(q0, qs, sq, sk, causal)
             costs.append(max(0, k_end) + q_tile)
     return tiles, costs
 
@@ -498,6 +529,56 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     )
 
 
+# -- kernel helpers the forward and the backward share -----------------------------------
+# Each reads only the fields both plans have (FlashAttentionPlan, FlashAttentionBwdPlan):
+# sq, sk, d, d_tile, vector_transpose.
+
+
+def matmul_over_d(dst, stationary_t, s0, n_s, moving_t, m0, n_m, plan):
+    """``dst [n_s, n_m] = stationary^T moving`` contracted over D on TensorE: both operands
+    D-on-partitions in SBUF (``[d_tile, D chunks, columns]``, columns ``s0 ..`` and
+    ``m0 ..``), one matmul per D chunk accumulating in ``dst`` (PSUM). S = Q K^T in both
+    directions; dP = dO V^T in the backward."""
+    for c, (_, dcs) in enumerate(tiled(plan.d, plan.d_tile)):
+        nisa.nc_matmul(
+            dst=dst,
+            stationary=stationary_t[0:dcs, c, s0 : s0 + n_s],
+            moving=moving_t[0:dcs, c, m0 : m0 + n_m],
+            accumulate=c > 0,
+        )
+
+
+def mask_causal(tile, n_k, q0, k0, plan, fill):
+    """Set the entries of the SBUF score-shaped ``tile [rows, n_k]`` (query ``q0 + p`` on
+    partition ``p``, key ``k0 + f`` in column ``f``) whose query does not see its key to
+    ``fill``, in place on GpSimd (which cannot read PSUM): the forward masks scaled scores
+    with :data:`MASK_FILL` before the row max, the backward masks P with 0."""
+    # keep key k0 + f for query q0 + p iff (q0 + Sk - Sq - k0) + p - f >= 0
+    nisa.affine_select(
+        dst=tile,
+        pattern=[[-1, n_k]],
+        channel_multiplier=1,
+        on_true_tile=tile,
+        on_false_value=fill,
+        cmp_op=nl.greater_equal,
+        offset=q0 + plan.sk - plan.sq - k0,
+    )
+
+
+def transpose_blocks(dst, src, rows, cols, plan):
+    """``dst [cols, rows] = src [rows, cols]^T`` on VectorE, SBUF to SBUF, in blocks of
+    ``plan.vector_transpose`` (32) rows and columns: P^T in the forward, dS^T in the
+    backward, when TensorE and its PSUM bank are kept free."""
+    e = plan.vector_transpose
+    for r0, rs in tiled(rows, e):
+        for c0, cs in tiled(cols, e):
+            nisa.nc_transpose(
+                dst=dst[c0 : c0 + cs, r0 : r0 + rs],
+                data=src[r0 : r0 + rs, c0 : c0 + cs],
+                engine=nisa.engine.vector,
+            )
+
+
 # -- the NKI kernel ------------------------------------------------------------------------
 
 
@@ -559,18 +640,11 @@ def _transpose_p(p_sb, qs, ks, plan):
         p_t = nl.ndarray((rows, chunks, qs), dtype=psum_dtype, buffer=nl.psum, name="p_t_psum")
     else:
         p_t = nl.ndarray((rows, chunks, qs), dtype=p_sb.dtype, buffer=nl.sbuf, name="p_t")
-    e = plan.vector_transpose
     for c, (c0, cs) in enumerate(tiled(ks, dt)):
         if plan.p_transpose == "pe":
             nisa.nc_transpose(dst=p_t[0:cs, c, 0:qs], data=p_sb[0:qs, c0 : c0 + cs])
-            continue
-        for i0, i_s in tiled(qs, e):
-            for j0, js in tiled(cs, e):
-                nisa.nc_transpose(
-                    dst=p_t[j0 : j0 + js, c, i0 : i0 + i_s],
-                    data=p_sb[i0 : i0 + i_s, c0 + j0 : c0 + j0 + js],
-                    engine=nisa.engine.vector,
-                )
+        else:
+            transpose_blocks(p_t[0:cs, c, 0:qs], p_sb[0:qs, c0 : c0 + cs], qs, cs, plan)
     return p_t
 
 
@@ -601,33 +675,24 @@ def _evacuate_p(p_t, qs, ks, q_dtype, plan):
     return out
 
 
+def _scaled_causal_scores(s_ps, qs, ks, q0, k0, plan):
+    """``scale * S`` of a score tile crossing the causal diagonal, copied out of PSUM
+    (VectorE) into SBUF and masked there with :data:`MASK_FILL` (GpSimd cannot read PSUM):
+    the source of its row max and, with scale 1, of its exp. Both softmaxes mask this way."""
+    s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+    nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
+    mask_causal(s_sb, ks, q0, k0, plan, MASK_FILL)
+    return s_sb
+
+
 def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
-    """One key tile's scores: (source for the exp, its scale, whether it holds the max of
-    scale * S (else the min, for a negative scale)). Tiles crossing the causal diagonal are
-    scaled into SBUF and masked there (GpSimd cannot read PSUM)."""
+    """One key tile's scores: (source of its row max and exp, the exp's scale). Tiles
+    crossing the causal diagonal are scaled into SBUF and masked there (the scale is then
+    1); the others stay raw in PSUM with the softmax scale."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
-    for t, (_, ds) in enumerate(tiled(plan.d, plan.d_tile)):
-        nisa.nc_matmul(
-            dst=s_ps,
-            stationary=q_t[0:ds, t, 0:qs],
-            moving=kt[0:ds, t, kk0 : kk0 + ks],
-            accumulate=t > 0,
-        )
-    offset = plan.sk - plan.sq
-    if plan.causal and k0 + ks - 1 > q0 + offset:
-        s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
-        nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
-        # keep key j = k0 + f for query i = q0 + p iff (q0 + offset - k0) + p - f >= 0
-        nisa.affine_select(
-            dst=s_sb,
-            pattern=[[-1, ks]],
-            channel_multiplier=1,
-            on_true_tile=s_sb,
-            on_false_value=MASK_FILL,
-            cmp_op=nl.greater_equal,
-            offset=q0 + offset - k0,
-        )
-        return s_sb, 1.0
+    matmul_over_d(s_ps, q_t, 0, qs, kt, kk0, ks, plan)
+    if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, plan.causal) == "some":
+        return _scaled_causal_scores(s_ps, qs, ks, q0, k0, plan), 1.0
     return s_ps, plan.scale
 
 
@@ -666,14 +731,18 @@ class OnlineStep(nl.NKIObject):
     o_ps: object  # [qs, D] fp32 PSUM: this tile's P V
 
 
+def _dead_rows(q0, qs, plan):
+    """Leading rows of the query tile at ``q0`` that see no key: causal with Sq > Sk, the
+    rows before ``Sq - Sk`` (their out is 0 and lse -inf)."""
+    return min(qs, max(0, plan.sq - plan.sk - q0)) if plan.causal else 0
+
+
 def _open_query_tile(q, b, h, q0, plan):
     """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T."""
     qs = min(plan.q_tile, plan.sq - q0)
-    offset = plan.sk - plan.sq
     # Keys j < k_end are visible to some row of the tile; rows i < Sq - Sk see none.
-    k_end = min(plan.sk, q0 + qs + offset) if plan.causal else plan.sk
-    n_dead = min(qs, max(0, -(q0 + offset))) if plan.causal else 0
-    state = OnlineTile(h, q0, qs, k_end, n_dead, None, None, None, None, None)
+    _, k_end = causal_key_bounds(q0, qs, plan.sq, plan.sk, plan.causal)
+    state = OnlineTile(h, q0, qs, k_end, _dead_rows(q0, qs, plan), None, None, None, None, None)
     if k_end > 0:
         q_t = nl.ndarray(
             (min(plan.d_tile, plan.d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
@@ -928,23 +997,22 @@ class QueryTile(nl.NKIObject):
 def _query_tile(h, q0, plan):
     """The tile's key tiles, split by where their max is taken; no instruction yet."""
     qs = min(plan.q_tile, plan.sq - q0)
-    offset = plan.sk - plan.sq
-    k_end = min(plan.sk, q0 + qs + offset) if plan.causal else plan.sk
-    n_dead = min(qs, max(0, -(q0 + offset))) if plan.causal else 0
+    k_all, k_end = causal_key_bounds(q0, qs, plan.sq, plan.sk, plan.causal)
+    n_dead = _dead_rows(q0, qs, plan)
     keys = []
     n_raw = n_masked = 0
     spans = []
     for k0, ks in tiled(max(0, k_end), plan.k_tile):
-        # Keys before ``every`` are visible to every row; a key tile holding later keys
+        # Keys before ``k_all`` are visible to every row; a key tile holding later keys
         # crosses the diagonal. Its visible head (whole 128-key chunks, so P^T chunks stay
         # on V's chunks) stays in PSUM; only the rest is scaled and masked in SBUF.
-        every = q0 + offset + 1
-        head = (every - k0) // plan.d_tile * plan.d_tile
-        if plan.causal and k0 + ks > every and 0 < head < ks:
+        masked = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, plan.causal) == "some"
+        head = (k_all - k0) // plan.d_tile * plan.d_tile
+        if masked and 0 < head < ks:
             spans.append((k0, head, False))
             spans.append((k0 + head, ks - head, True))
         else:
-            spans.append((k0, ks, plan.causal and k0 + ks > every))
+            spans.append((k0, ks, masked))
     for k0, ks, masked in spans:
         if masked:
             keys.append((k0, ks, True, n_masked))
@@ -979,13 +1047,7 @@ def _query_tile(h, q0, plan):
 def _scores(qt, kt, k0, ks, plan):
     """S = q K^T of one key tile into a PSUM bank (fp32), over the D tiles."""
     s_ps = nl.ndarray((qt.qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
-    for t, (_, ds) in enumerate(tiled(plan.d, plan.d_tile)):
-        nisa.nc_matmul(
-            dst=s_ps,
-            stationary=qt.q_t[0:ds, t, 0 : qt.qs],
-            moving=kt[0:ds, t, k0 : k0 + ks],
-            accumulate=t > 0,
-        )
+    matmul_over_d(s_ps, qt.q_t, 0, qt.qs, kt, k0, ks, plan)
     return s_ps
 
 
@@ -1020,18 +1082,7 @@ def _max_step(q, b, qt, j, kt, plan):
             axis=1,
         )
         return
-    s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
-    nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
-    # keep key j = k0 + f for query i = q0 + p iff (q0 + offset - k0) + p - f >= 0
-    nisa.affine_select(
-        dst=s_sb,
-        pattern=[[-1, ks]],
-        channel_multiplier=1,
-        on_true_tile=s_sb,
-        on_false_value=MASK_FILL,
-        cmp_op=nl.greater_equal,
-        offset=qt.q0 + plan.sk - plan.sq - k0,
-    )
+    s_sb = _scaled_causal_scores(s_ps, qs, ks, qt.q0, k0, plan)
     nisa.tensor_reduce(dst=qt.ext_masked[0:qs, col : col + 1], op=nl.max, data=s_sb, axis=1)
     qt.masked[j] = s_sb
 

@@ -44,6 +44,12 @@ Pipeline, per tile pair ``n`` in a query pass (stage 2 trails by ``lag_kv``, sta
           stage 3 (pair n - lag_q):  dQ_i += dS K_j (PSUM over the block, then SBUF)
         dQ rows scaled and stored
       dK, dV scaled and stored
+
+The state each level keeps is a record (``nl.NKIObject``): :class:`KVSums` per group,
+:class:`QueryPass` and :class:`QuerySums` per query pass, :class:`KeyTile` per key tile,
+:class:`TilePair` (where) and :class:`PairTiles` (its P, dS, dS^T) per tile pair. The
+causal visibility of a tile, its mask and the contraction over D are the forward's helpers
+(:mod:`.flash_attention`), so both directions read the diagonal the same way.
 """
 
 from __future__ import annotations
@@ -57,8 +63,13 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
     attention_reference,
+    causal_key_bounds,
     causal_visible,
+    mask_causal,
+    matmul_over_d,
     resolve_scale,
+    tile_visibility,
+    transpose_blocks,
     validate_attention,
 )
 from neuron_kernels.kernels.spec import (
@@ -301,7 +312,7 @@ def _query_passes(groups, sq, sk, tq, q_block, causal):
         for p0, n_pass in tiled(len(tiles), q_block):
             cost = 0
             for q0, n_q in tiles[p0 : p0 + n_pass]:
-                k_end = min(sk, q0 + n_q + sk - sq) if causal else sk
+                _, k_end = causal_key_bounds(q0, n_q, sq, sk, causal)
                 cost += max(0, k_end) + tq
             passes.append((g, p0, n_pass))
             costs.append(cost)
@@ -330,6 +341,83 @@ def _core_groups(b, hkv, groups, sq, sk, tq, q_block, causal, lnc) -> tuple:
 
 
 # -- the NKI kernel ----------------------------------------------------------------------
+
+
+@dataclass
+class QueryPass(nl.NKIObject):
+    """One query pass's SBUF tiles: ``n_tiles`` query tiles of one head, resident while the
+    key tiles they see go by. :func:`_query_pass_dma` allocates them and starts their
+    loads; :func:`_query_pass_prepare` adds the transposes and the ``-lse``/``-D`` columns."""
+
+    q: object  # [tq, n_tiles, D] Q rows, tile t at [:, t, :] (the moving operand of dK)
+    do: object  # [tq, n_tiles, D] dO rows (the moving operand of dV)
+    o: object  # [tq, n_tiles, D] O rows in out's dtype (read once, for D)
+    q_t: object  # [d_tile, d_chunks, n_tiles * tq] Q^T, D on partitions (S = Q K^T)
+    do_t: object  # [d_tile, d_chunks, n_tiles * tq] dO^T (dP = dO V^T)
+    neg_lse: object  # [tq, n_tiles] fp32: lse as loaded, -lse once prepared (the exp's bias)
+    neg_dvec: object  # [tq, n_tiles] fp32: -D = -rowsum(dO * O)
+    live: list  # (t, rows) of the tiles some key reaches, in order; the others get dq = 0
+    q_src: list  # per live tile: its Q rows in HBM (what DMA transposes read)
+    do_src: list  # per live tile: its dO rows in HBM
+
+
+@dataclass
+class KeyTile(nl.NKIObject):
+    """One key tile's SBUF tiles, from its row loads (:func:`_load_kv_rows`) and transposes
+    (:func:`_transpose_kv`) to the last tile pair that reads it."""
+
+    k: object  # [tk, D] K rows (the moving operand of dQ += dS K)
+    v: object  # [tk, D] V rows (what V^T's PE transposes read)
+    k_t: object  # [d_tile, d_chunks, tk] K^T, D on partitions (S = Q K^T)
+    v_t: object  # [d_tile, d_chunks, tk] V^T (dP = dO V^T)
+    k_src: object  # its K rows in HBM (what DMA transposes read)
+    v_src: object  # its V rows in HBM
+    n: int  # keys in the tile: tile_k, or fewer at the end of Sk
+
+
+@dataclass
+class KVSums(nl.NKIObject):
+    """dK and dV of one (batch, KV head) group, summed in fp32 over its query heads and
+    query tiles, unscaled until the store."""
+
+    dk: object  # [tk, n_kt, D] fp32 SBUF: dK of key tile j at [:, j, :]
+    dv: object  # [tk, n_kt, D] fp32 SBUF: dV
+    started: list  # per key tile: dk/dv hold a contribution (the first one is copied in)
+    dk_ps: object  # kv_outer: [tk, kv_block, D] fp32 PSUM, the current key block's dK sums
+    dv_ps: object  # kv_outer: [tk, kv_block, D] fp32 PSUM, its dV sums
+    in_block: list  # kv_outer: per slot of the key block, whether its PSUM sum has begun
+
+
+@dataclass
+class QuerySums(nl.NKIObject):
+    """dQ of one query pass: summed in PSUM over a run of tile pairs of one query tile,
+    then folded into fp32 SBUF (kv_outer) or scaled and stored (q_outer)."""
+
+    dq: object  # kv_outer: [tq, n_tiles, D] fp32 SBUF, tile t at [:, t, :]; q_outer: None
+    dq_ps: object  # [tq, D] fp32 PSUM: the current run's sum, None before the first
+    started: list  # per query tile: dq holds a sum (kv_outer) or it was stored (q_outer)
+
+
+@dataclass
+class TilePair(nl.NKIObject):
+    """A (query tile, key tile) pair of a pass that some query sees: where it lies."""
+
+    t: int  # query tile within the pass
+    j: int  # key tile within the head
+    q0: int  # first query row
+    n_q: int  # query rows
+    k0: int  # first key
+    n_k: int  # keys
+    seen: str  # "all", or "some" when the causal diagonal crosses it (P is masked)
+
+
+@dataclass
+class PairTiles(nl.NKIObject):
+    """A tile pair's SBUF tiles, from stage 1 (the scores) to stage 3 (dQ)."""
+
+    p: object  # [tq, tk] P = exp(scale * S - lse) in q's dtype, 0 where masked
+    ds: object  # [tq, tk] dS = P * (dP - D) in q's dtype
+    ds_t: object  # [tk, tq] dS^T: made in stage 2 for stage 3, None before
 
 
 def _load_rows(src, rows_dst, plan):
@@ -364,77 +452,36 @@ def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
         else:
             nisa.tensor_copy(dst=dst[0:n_k, 0:n_q], src=tp)
     else:
-        blk = plan.vector_transpose
-        for p0, ps in tiled(n_q, blk):
-            for f0, fs in tiled(n_k, blk):
-                nisa.nc_transpose(
-                    dst=dst[f0 : f0 + fs, p0 : p0 + ps],
-                    data=ds[p0 : p0 + ps, f0 : f0 + fs],
-                    engine=nisa.engine.vector,
-                )
+        transpose_blocks(dst[0:n_k, 0:n_q], ds[0:n_q, 0:n_k], n_q, n_k, plan)
     return dst
-
-
-def _visibility(q0, n_q, k0, n_k, plan):
-    """ "none" (skip the pair), "all" (no mask) or "some" (mask on the diagonal) for the
-    queries ``[q0, q0 + n_q)`` and keys ``[k0, k0 + n_k)``: a trace-time decision."""
-    if not plan.causal:
-        return "all"
-    off = plan.sk - plan.sq  # query i sees key j iff j <= i + off (bottom-right)
-    if k0 > q0 + n_q - 1 + off:
-        return "none"
-    if k0 + n_k - 1 <= q0 + off:
-        return "all"
-    return "some"
 
 
 def _scores(qs, kv, pair, scale, plan):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
     the diagonal) and ``dS = P * (dP - D)``; returns the pair's SBUF tiles."""
-    t, j, q0, n_q, k0, n_k, seen = pair
-    tq, tk, dt = plan.tile_q, plan.tile_k, plan.d_tile
-    dtype = qs["q"].dtype
+    t, j, n_q, n_k = pair.t, pair.j, pair.n_q, pair.n_k
+    tq, tk = plan.tile_q, plan.tile_k
+    dtype = qs.q.dtype
     # S and dP side by side in one PSUM bank ([tq, 2, tk] fp32 <= 1 KiB per partition):
     # a pair holds one bank instead of two, so more pairs are in flight (modeled 61.2% vs
     # 53.4% TensorE at S4096; a matmul may write any region within one bank).
     s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
     s = s_dp[:, 0, :]
-    for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
-        nisa.nc_matmul(
-            dst=s[0:n_q, 0:n_k],
-            stationary=qs["q_t"][0:dcs, c, t * tq : t * tq + n_q],
-            moving=kv["k_t"][0:dcs, c, 0:n_k],
-            accumulate=c > 0,
-        )
+    matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
     nisa.activation(
         dst=p[0:n_q, 0:n_k],
         op=nl.exp,
         data=s[0:n_q, 0:n_k],
-        bias=qs["neg_lse"][0:n_q, t : t + 1],
+        bias=qs.neg_lse[0:n_q, t : t + 1],
         scale=scale,
     )
-    if seen == "some":
-        # Keep key k0 + f for query q0 + p iff (q0 + p + Sk - Sq) - (k0 + f) >= 0.
-        nisa.affine_select(
-            dst=p[0:n_q, 0:n_k],
-            pattern=[[-1, n_k]],
-            channel_multiplier=1,
-            on_true_tile=p[0:n_q, 0:n_k],
-            on_false_value=0.0,
-            cmp_op=nl.greater_equal,
-            offset=q0 + plan.sk - plan.sq - k0,
-        )
+    if pair.seen == "some":
+        mask_causal(p[0:n_q, 0:n_k], n_k, pair.q0, pair.k0, plan, 0.0)
     dp = s_dp[:, 1, :]
-    for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
-        nisa.nc_matmul(
-            dst=dp[0:n_q, 0:n_k],
-            stationary=qs["do_t"][0:dcs, c, t * tq : t * tq + n_q],
-            moving=kv["v_t"][0:dcs, c, 0:n_k],
-            accumulate=c > 0,
-        )
+    matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, 0, n_k, plan)
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
-    neg_d = qs["neg_dvec"][0:n_q, t : t + 1]
+    neg_d = qs.neg_dvec[0:n_q, t : t + 1]
     split = plan.elementwise == "split" or (plan.elementwise == "balanced" and (t + j) % 2 == 0)
     if split:
         # ScalarE: dP - D out of PSUM; VectorE: one SBUF x SBUF multiply by P.
@@ -452,7 +499,7 @@ def _scores(qs, kv, pair, scale, plan):
             op1=nl.multiply,
             operand1=p[0:n_q, 0:n_k],
         )
-    return {"p": p, "ds": ds, "ds_t": None}
+    return PairTiles(p=p, ds=ds, ds_t=None)
 
 
 def _fold(acc, part, first):
@@ -463,81 +510,83 @@ def _fold(acc, part, first):
         nisa.tensor_tensor(dst=acc, data1=acc, data2=part, op=nl.add)
 
 
-def _kv_grads(st, qs, pair, first, last, acc, plan, psum_dtype):
-    """Stage 2 of a tile pair: ``dV_j += P^T dO_i`` and ``dK_j += dS^T Q_i``, then ``dS^T``
-    for stage 3. Under "kv_outer" the sums of a key block's tiles stay in PSUM over the
-    block's pairs (``first``/``last`` mark the block's first and last pair) and fold into
-    the fp32 SBUF sums once; under "q_outer" each pair's product folds into SBUF."""
-    t, j, q0, n_q, k0, n_k, seen = pair
+def _kv_grads(st, qs, pair, first, last, sums, plan, psum_dtype):
+    """Stage 2 of a tile pair: ``dV_j += P^T dO_i`` and ``dK_j += dS^T Q_i`` into ``sums``
+    (:class:`KVSums`), then ``dS^T`` for stage 3. Under "kv_outer" the sums of a key block's
+    tiles stay in PSUM over the block's pairs (``first``/``last`` mark the block's first and
+    last pair) and fold into the fp32 SBUF sums once; under "q_outer" each pair's product
+    folds into SBUF."""
+    t, j, n_q, n_k = pair.t, pair.j, pair.n_q, pair.n_k
     tk, d, kb = plan.tile_k, plan.d, plan.kv_block
     if plan.loop_order == "kv_outer":
         jb = (j // kb) * kb
         if first:
-            acc["dk_ps"] = nl.ndarray((tk, kb, d), dtype=nl.float32, buffer=nl.psum, name="dk_ps")
-            acc["dv_ps"] = nl.ndarray((tk, kb, d), dtype=nl.float32, buffer=nl.psum, name="dv_ps")
-            acc["in_block"] = [False] * kb
+            sums.dk_ps = nl.ndarray((tk, kb, d), dtype=nl.float32, buffer=nl.psum, name="dk_ps")
+            sums.dv_ps = nl.ndarray((tk, kb, d), dtype=nl.float32, buffer=nl.psum, name="dv_ps")
+            sums.in_block = [False] * kb
         slot = j - jb
-        dk_ps, dv_ps = acc["dk_ps"][0:n_k, slot, :], acc["dv_ps"][0:n_k, slot, :]
-        chained = acc["in_block"][slot]
-        acc["in_block"][slot] = True
+        dk_ps, dv_ps = sums.dk_ps[0:n_k, slot, :], sums.dv_ps[0:n_k, slot, :]
+        chained = sums.in_block[slot]
+        sums.in_block[slot] = True
     else:
         dk_ps = nl.ndarray((tk, d), dtype=nl.float32, buffer=nl.psum, name="dk_ps")[0:n_k, :]
         dv_ps = nl.ndarray((tk, d), dtype=nl.float32, buffer=nl.psum, name="dv_ps")[0:n_k, :]
         chained = False
     nisa.nc_matmul(
         dst=dv_ps,
-        stationary=st["p"][0:n_q, 0:n_k],
-        moving=qs["do"][0:n_q, t, :],
+        stationary=st.p[0:n_q, 0:n_k],
+        moving=qs.do[0:n_q, t, :],
         accumulate=chained,
     )
     nisa.nc_matmul(
         dst=dk_ps,
-        stationary=st["ds"][0:n_q, 0:n_k],
-        moving=qs["q"][0:n_q, t, :],
+        stationary=st.ds[0:n_q, 0:n_k],
+        moving=qs.q[0:n_q, t, :],
         accumulate=chained,
     )
     if plan.loop_order == "kv_outer":
         if last:
             for slot in range(kb):
-                if acc["in_block"][slot]:
+                if sums.in_block[slot]:
                     jj = jb + slot
                     nk = min(tk, plan.sk - jj * tk)
-                    started = acc["kv_started"][jj]
-                    _fold(acc["dk"][0:nk, jj, :], acc["dk_ps"][0:nk, slot, :], not started)
-                    _fold(acc["dv"][0:nk, jj, :], acc["dv_ps"][0:nk, slot, :], not started)
-                    acc["kv_started"][jj] = True
+                    started = sums.started[jj]
+                    _fold(sums.dk[0:nk, jj, :], sums.dk_ps[0:nk, slot, :], not started)
+                    _fold(sums.dv[0:nk, jj, :], sums.dv_ps[0:nk, slot, :], not started)
+                    sums.started[jj] = True
     else:
-        started = acc["kv_started"][j]
-        _fold(acc["dk"][0:n_k, j, :], dk_ps, not started)
-        _fold(acc["dv"][0:n_k, j, :], dv_ps, not started)
-        acc["kv_started"][j] = True
+        started = sums.started[j]
+        _fold(sums.dk[0:n_k, j, :], dk_ps, not started)
+        _fold(sums.dv[0:n_k, j, :], dv_ps, not started)
+        sums.started[j] = True
     # ds_dma_tiles of every 4 pairs by DMA, spread evenly over (t + j) % 4 (2: every other)
     m = (t + j) % 4
     by_dma = (m + 1) * plan.ds_dma_tiles // 4 > m * plan.ds_dma_tiles // 4
-    st["ds_t"] = _transpose_ds(st["ds"], n_q, n_k, by_dma, plan, psum_dtype)
+    st.ds_t = _transpose_ds(st.ds, n_q, n_k, by_dma, plan, psum_dtype)
 
 
-def _q_grads(st, kv, pair, first, last, acc, dq_dst, scale, plan):
-    """Stage 3 of a tile pair: ``dQ_i += dS K_j``, summed in PSUM over consecutive pairs of
-    query tile i (``first``/``last``): a key block's pairs under "kv_outer", then folded
-    into fp32 SBUF; every key tile under "q_outer", then scaled and stored."""
-    t, j, q0, n_q, k0, n_k, seen = pair
+def _q_grads(st, kv, pair, first, last, sums, dq_dst, scale, plan):
+    """Stage 3 of a tile pair: ``dQ_i += dS K_j`` into ``sums`` (:class:`QuerySums`),
+    summed in PSUM over consecutive pairs of query tile i (``first``/``last``): a key
+    block's pairs under "kv_outer", then folded into fp32 SBUF; every key tile under
+    "q_outer", then scaled and stored."""
+    t, q0, n_q, n_k = pair.t, pair.q0, pair.n_q, pair.n_k
     tq, d = plan.tile_q, plan.d
     if first:
-        acc["dq_ps"] = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.psum, name="dq_ps")
+        sums.dq_ps = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.psum, name="dq_ps")
     nisa.nc_matmul(
-        dst=acc["dq_ps"][0:n_q, :],
-        stationary=st["ds_t"][0:n_k, 0:n_q],
-        moving=kv["k"][0:n_k, :],
+        dst=sums.dq_ps[0:n_q, :],
+        stationary=st.ds_t[0:n_k, 0:n_q],
+        moving=kv.k[0:n_k, :],
         accumulate=not first,
     )
     if not last:
         return
     if plan.loop_order == "kv_outer":
-        _fold(acc["dq"][0:n_q, t, :], acc["dq_ps"][0:n_q, :], not acc["q_started"][t])
+        _fold(sums.dq[0:n_q, t, :], sums.dq_ps[0:n_q, :], not sums.started[t])
     else:
-        _store_scaled(dq_dst[q0 : q0 + n_q, :], acc["dq_ps"][0:n_q, :], n_q, scale, plan.d)
-    acc["q_started"][t] = True
+        _store_scaled(dq_dst[q0 : q0 + n_q, :], sums.dq_ps[0:n_q, :], n_q, scale, plan.d)
+    sums.started[t] = True
 
 
 def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
@@ -547,28 +596,29 @@ def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
     tq, d = plan.tile_q, plan.d
     rows = n_tiles * tq
     dtype = q.dtype
-    qs = {
-        "q": nl.ndarray((tq, n_tiles, d), dtype=dtype, buffer=nl.sbuf, name="q_rows"),
-        "do": nl.ndarray((tq, n_tiles, d), dtype=dtype, buffer=nl.sbuf, name="do_rows"),
-        "o": nl.ndarray((tq, n_tiles, d), dtype=out.dtype, buffer=nl.sbuf, name="o_rows"),
-        "q_t": nl.ndarray((plan.d_tile, plan.d_chunks, rows), dtype=dtype, buffer=nl.sbuf),
-        "do_t": nl.ndarray((plan.d_tile, plan.d_chunks, rows), dtype=dtype, buffer=nl.sbuf),
-        "neg_lse": nl.ndarray((tq, n_tiles), dtype=nl.float32, buffer=nl.sbuf, name="neg_lse"),
-        "neg_dvec": nl.ndarray((tq, n_tiles), dtype=nl.float32, buffer=nl.sbuf, name="neg_d"),
-        "live": [],
-        "q_src": [],
-        "do_src": [],
-    }
+    qs = QueryPass(
+        q=nl.ndarray((tq, n_tiles, d), dtype=dtype, buffer=nl.sbuf, name="q_rows"),
+        do=nl.ndarray((tq, n_tiles, d), dtype=dtype, buffer=nl.sbuf, name="do_rows"),
+        o=nl.ndarray((tq, n_tiles, d), dtype=out.dtype, buffer=nl.sbuf, name="o_rows"),
+        q_t=nl.ndarray((plan.d_tile, plan.d_chunks, rows), dtype=dtype, buffer=nl.sbuf),
+        do_t=nl.ndarray((plan.d_tile, plan.d_chunks, rows), dtype=dtype, buffer=nl.sbuf),
+        neg_lse=nl.ndarray((tq, n_tiles), dtype=nl.float32, buffer=nl.sbuf, name="neg_lse"),
+        neg_dvec=nl.ndarray((tq, n_tiles), dtype=nl.float32, buffer=nl.sbuf, name="neg_d"),
+        live=[],
+        q_src=[],
+        do_src=[],
+    )
     for t, (q0, n_q) in enumerate(tiled(plan.sq, tq)[p0 : p0 + n_tiles]):
-        if _visibility(q0, n_q, 0, plan.sk, plan) == "none":
+        _, k_end = causal_key_bounds(q0, n_q, plan.sq, plan.sk, plan.causal)
+        if k_end <= 0:  # no row of the tile sees a key: its dq is zero
             continue
-        qs["live"].append((t, n_q))
-        qs["q_src"].append(q[b, h, q0 : q0 + n_q, :])
-        qs["do_src"].append(dout[b, h, q0 : q0 + n_q, :])
-        _load_rows(q[b, h, q0 : q0 + n_q, :], qs["q"][0:n_q, t, :], plan)
-        _load_rows(dout[b, h, q0 : q0 + n_q, :], qs["do"][0:n_q, t, :], plan)
-        _load_rows(out[b, h, q0 : q0 + n_q, :], qs["o"][0:n_q, t, :], plan)
-        nisa.dma_copy(dst=qs["neg_lse"][0:n_q, t : t + 1], src=lse[b, h, q0 : q0 + n_q])
+        qs.live.append((t, n_q))
+        qs.q_src.append(q[b, h, q0 : q0 + n_q, :])
+        qs.do_src.append(dout[b, h, q0 : q0 + n_q, :])
+        _load_rows(q[b, h, q0 : q0 + n_q, :], qs.q[0:n_q, t, :], plan)
+        _load_rows(dout[b, h, q0 : q0 + n_q, :], qs.do[0:n_q, t, :], plan)
+        _load_rows(out[b, h, q0 : q0 + n_q, :], qs.o[0:n_q, t, :], plan)
+        nisa.dma_copy(dst=qs.neg_lse[0:n_q, t : t + 1], src=lse[b, h, q0 : q0 + n_q])
     return qs
 
 
@@ -576,27 +626,27 @@ def _query_pass_prepare(qs, plan, psum_dtype):
     """Phase 2 of a query pass, once its rows have arrived: Q^T and dO^T, ``-lse`` and
     ``-D = -rowsum(dO * O)`` columns."""
     tq, d = plan.tile_q, plan.d
-    for a in range(len(qs["live"])):
-        t, n_q = qs["live"][a]
+    for a in range(len(qs.live)):
+        t, n_q = qs.live[a]
         q_tv, do_tv = [], []
         for c in range(plan.d_chunks):
-            q_tv.append(qs["q_t"][:, c, t * tq : t * tq + n_q])
-            do_tv.append(qs["do_t"][:, c, t * tq : t * tq + n_q])
-        q_rows, do_rows = qs["q"][0:n_q, t, :], qs["do"][0:n_q, t, :]
-        _transpose_rows(qs["q_src"][a], q_rows, q_tv, n_q, plan, psum_dtype)
-        _transpose_rows(qs["do_src"][a], do_rows, do_tv, n_q, plan, psum_dtype)
+            q_tv.append(qs.q_t[:, c, t * tq : t * tq + n_q])
+            do_tv.append(qs.do_t[:, c, t * tq : t * tq + n_q])
+        q_rows, do_rows = qs.q[0:n_q, t, :], qs.do[0:n_q, t, :]
+        _transpose_rows(qs.q_src[a], q_rows, q_tv, n_q, plan, psum_dtype)
+        _transpose_rows(qs.do_src[a], do_rows, do_tv, n_q, plan, psum_dtype)
         nisa.tensor_scalar(
-            dst=qs["neg_lse"][0:n_q, t : t + 1],
-            data=qs["neg_lse"][0:n_q, t : t + 1],
+            dst=qs.neg_lse[0:n_q, t : t + 1],
+            data=qs.neg_lse[0:n_q, t : t + 1],
             op0=nl.multiply,
             operand0=-1.0,
         )
         prod = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.sbuf, name="do_o")
         nisa.tensor_tensor(
-            dst=prod[0:n_q, :], data1=do_rows, data2=qs["o"][0:n_q, t, :], op=nl.multiply
+            dst=prod[0:n_q, :], data1=do_rows, data2=qs.o[0:n_q, t, :], op=nl.multiply
         )
         nisa.tensor_reduce(
-            dst=qs["neg_dvec"][0:n_q, t : t + 1],
+            dst=qs.neg_dvec[0:n_q, t : t + 1],
             op=nl.add,
             data=prod[0:n_q, :],
             axis=1,
@@ -606,22 +656,22 @@ def _query_pass_prepare(qs, plan, psum_dtype):
 
 def _load_kv_rows(k, v, b, hk, j, plan):
     """Phase 1 of loading key tile ``j``: its K and V rows by DMA (and, with DMA transposes,
-    K^T and V^T too). Returns the tile's SBUF tensors."""
+    K^T and V^T too). Returns the tile's :class:`KeyTile`."""
     tk, d = plan.tile_k, plan.d
     k0 = j * tk
     n_k = min(tk, plan.sk - k0)
-    kv = {
-        "k": nl.ndarray((tk, d), dtype=k.dtype, buffer=nl.sbuf, name="k_rows"),
-        "v": nl.ndarray((tk, d), dtype=v.dtype, buffer=nl.sbuf, name="v_rows"),
-        "k_t": nl.ndarray((plan.d_tile, plan.d_chunks, tk), dtype=k.dtype, buffer=nl.sbuf),
-        "v_t": nl.ndarray((plan.d_tile, plan.d_chunks, tk), dtype=v.dtype, buffer=nl.sbuf),
-        "k_src": k[b, hk, k0 : k0 + n_k, :],
-        "v_src": v[b, hk, k0 : k0 + n_k, :],
-        "n": n_k,
-    }
-    _load_rows(kv["k_src"], kv["k"][0:n_k, :], plan)
+    kv = KeyTile(
+        k=nl.ndarray((tk, d), dtype=k.dtype, buffer=nl.sbuf, name="k_rows"),
+        v=nl.ndarray((tk, d), dtype=v.dtype, buffer=nl.sbuf, name="v_rows"),
+        k_t=nl.ndarray((plan.d_tile, plan.d_chunks, tk), dtype=k.dtype, buffer=nl.sbuf),
+        v_t=nl.ndarray((plan.d_tile, plan.d_chunks, tk), dtype=v.dtype, buffer=nl.sbuf),
+        k_src=k[b, hk, k0 : k0 + n_k, :],
+        v_src=v[b, hk, k0 : k0 + n_k, :],
+        n=n_k,
+    )
+    _load_rows(kv.k_src, kv.k[0:n_k, :], plan)
     if plan.transpose != "dma":
-        _load_rows(kv["v_src"], kv["v"][0:n_k, :], plan)
+        _load_rows(kv.v_src, kv.v[0:n_k, :], plan)
     else:
         _transpose_kv(kv, plan, None)
     return kv
@@ -629,13 +679,13 @@ def _load_kv_rows(k, v, b, hk, j, plan):
 
 def _transpose_kv(kv, plan, psum_dtype):
     """Phase 2 of loading a key tile: K^T and V^T (issued once its rows have arrived)."""
-    n_k = kv["n"]
+    n_k = kv.n
     k_tv, v_tv = [], []
     for c in range(plan.d_chunks):
-        k_tv.append(kv["k_t"][:, c, 0:n_k])
-        v_tv.append(kv["v_t"][:, c, 0:n_k])
-    _transpose_rows(kv["k_src"], kv["k"][0:n_k, :], k_tv, n_k, plan, psum_dtype)
-    _transpose_rows(kv["v_src"], kv["v"][0:n_k, :], v_tv, n_k, plan, psum_dtype)
+        k_tv.append(kv.k_t[:, c, 0:n_k])
+        v_tv.append(kv.v_t[:, c, 0:n_k])
+    _transpose_rows(kv.k_src, kv.k[0:n_k, :], k_tv, n_k, plan, psum_dtype)
+    _transpose_rows(kv.v_src, kv.v[0:n_k, :], v_tv, n_k, plan, psum_dtype)
 
 
 def _load_kv_block(k, v, b, hk, jb, kv_tiles, n_kt, plan, psum_dtype, phases):
@@ -660,10 +710,9 @@ def _store_scaled(dst, acc, n, scale, d):
 
 
 def _pass_pairs(p0, n_tiles, n_kt, plan):
-    """The tile pairs ``(t, j, q0, n_q, k0, n_k, seen)`` of one query pass that some query
-    sees, in the loop order: "kv_outer" walks key blocks, and within a block each query
-    tile against the block's key tiles; "q_outer" walks query tiles, each against every
-    key tile."""
+    """The :class:`TilePair` s of one query pass that some query sees, in the loop order:
+    "kv_outer" walks key blocks, and within a block each query tile against the block's key
+    tiles; "q_outer" walks query tiles, each against every key tile."""
     tq, tk, kb = plan.tile_q, plan.tile_k, plan.kv_block
     pairs = []
     if plan.loop_order == "kv_outer":
@@ -681,9 +730,9 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
         t, j = tj
         q0, k0 = (p0 + t) * tq, j * tk
         n_q, n_k = min(tq, plan.sq - q0), min(tk, plan.sk - k0)
-        seen = _visibility(q0, n_q, k0, n_k, plan)
+        seen = tile_visibility(q0, n_q, k0, n_k, plan.sq, plan.sk, plan.causal)
         if seen != "none":
-            pairs.append((t, j, q0, n_q, k0, n_k, seen))
+            pairs.append(TilePair(t=t, j=j, q0=q0, n_q=n_q, k0=k0, n_k=n_k, seen=seen))
     return pairs
 
 
@@ -737,11 +786,14 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
                 _store_scaled(dv_part[core, slot, k0 : k0 + n_k, :], None, n_k, 1.0, D)
             continue
         # dK and dV of this KV head, summed over its query heads and query tiles (fp32).
-        acc = {
-            "dk": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dk_acc"),
-            "dv": nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dv_acc"),
-            "kv_started": [False] * n_kt,
-        }
+        kv_sums = KVSums(
+            dk=nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dk_acc"),
+            dv=nl.ndarray((tk, n_kt, D), dtype=nl.float32, buffer=nl.sbuf, name="dv_acc"),
+            started=[False] * n_kt,
+            dk_ps=None,
+            dv_ps=None,
+            in_block=[],
+        )
         kv_all = None
         if not kv_outer:  # every key tile of the head stays in SBUF
             kv_all = [None] * n_kt
@@ -765,7 +817,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
         if kv_outer:
             kv_next = [None] * n_kt
             if len(pass_pairs[0]) > 0:
-                jb0 = pass_pairs[0][0][1] // kb
+                jb0 = pass_pairs[0][0].j // kb
                 _load_kv_block(k, v, b, hk, jb0, kv_next, n_kt, plan, psum_dtype, 3)
         for i in range(len(passes)):
             h, p0, n_tiles = passes[i]
@@ -779,29 +831,29 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
             if has_next:
                 qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan)
                 if kv_outer and len(pass_pairs[i + 1]) > 0:
-                    next_block = pass_pairs[i + 1][0][1] // kb
+                    next_block = pass_pairs[i + 1][0].j // kb
             if kv_outer and n_kt <= kb and next_block >= 0:
                 kv_next = kv_tiles  # one key block: the next pass reuses its tiles
                 next_block = -1
             elif kv_outer:
                 kv_next = [None] * n_kt
             prepared = False
-            acc["q_started"] = [False] * n_tiles
+            q_sums = QuerySums(dq=None, dq_ps=None, started=[False] * n_tiles)
             if kv_outer:
-                acc["dq"] = nl.ndarray(
+                q_sums.dq = nl.ndarray(
                     (tq, n_tiles, D), dtype=nl.float32, buffer=nl.sbuf, name="dq_acc"
                 )
             # Where PSUM sums start and end: the key block of a pair (dK/dV under
             # kv_outer) and its run of consecutive pairs with one query tile (dQ).
             kv_group, q_group = [], []
             for n in range(len(pairs)):
-                kv_group.append(pairs[n][1] // kb if kv_outer else n)
-                q_group.append((pairs[n][0], kv_group[n]) if kv_outer else pairs[n][0])
+                kv_group.append(pairs[n].j // kb if kv_outer else n)
+                q_group.append((pairs[n].t, kv_group[n]) if kv_outer else pairs[n].t)
             blocks = []  # key blocks in the order the pass first uses them
             for jb in kv_group if kv_outer else ():
                 if len(blocks) == 0 or blocks[-1] != jb:
                     blocks.append(jb)
-            states = [None] * n_pairs
+            states = [None] * n_pairs  # per pair: its PairTiles, from stage 1 to stage 3
             for step in range(n_pairs + plan.lag_q):
                 n = step
                 if n < n_pairs:
@@ -818,7 +870,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
                             ahead, dst_tiles = next_block, kv_next
                     if ahead >= 0 and first:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
-                    states[n] = _scores(qs, kv_tiles[pair[1]], pair, scale, plan)
+                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan)
                     if ahead >= 0 and last:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
                     if n == n_pairs - 1 and has_next:
@@ -828,28 +880,28 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
                 if 0 <= n < n_pairs:
                     first = n == 0 or kv_group[n - 1] != kv_group[n]
                     last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
-                    _kv_grads(states[n], qs, pairs[n], first, last, acc, plan, psum_dtype)
+                    _kv_grads(states[n], qs, pairs[n], first, last, kv_sums, plan, psum_dtype)
                 n = step - plan.lag_q
                 if 0 <= n < n_pairs:
                     first = n == 0 or q_group[n - 1] != q_group[n]
                     last = n == n_pairs - 1 or q_group[n + 1] != q_group[n]
-                    kv = kv_tiles[pairs[n][1]]
-                    _q_grads(states[n], kv, pairs[n], first, last, acc, dq[b, h], scale, plan)
+                    kv = kv_tiles[pairs[n].j]
+                    _q_grads(states[n], kv, pairs[n], first, last, q_sums, dq[b, h], scale, plan)
                     states[n] = None
             if has_next and not prepared:  # a pass no key reaches
                 _query_pass_prepare(qs_next, plan, psum_dtype)
                 if next_block >= 0:
                     _load_kv_block(k, v, b, hk, next_block, kv_next, n_kt, plan, psum_dtype, 3)
             for t, (q0, n_q) in enumerate(tiled(Sq, tq)[p0 : p0 + n_tiles]):
-                if not acc["q_started"][t]:
+                if not q_sums.started[t]:
                     _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
                 elif kv_outer:
-                    src = acc["dq"][0:n_q, t, :]
+                    src = q_sums.dq[0:n_q, t, :]
                     _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, D)
         for j, (k0, n_k) in enumerate(tiled(Sk, tk)):
-            started = acc["kv_started"][j]
-            dk_src = acc["dk"][0:n_k, j, :] if started else None
-            dv_src = acc["dv"][0:n_k, j, :] if started else None
+            started = kv_sums.started[j]
+            dk_src = kv_sums.dk[0:n_k, j, :] if started else None
+            dv_src = kv_sums.dv[0:n_k, j, :] if started else None
             if slot < 0:
                 dk_dst, dv_dst = dk[b, hk, k0 : k0 + n_k, :], dv[b, hk, k0 : k0 + n_k, :]
             else:  # this core's fp32 partial sums of a split group
