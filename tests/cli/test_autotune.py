@@ -52,7 +52,7 @@ def test_list_shows_every_tunable_with_its_choices_and_reason(capsys):
     assert "matmul  (720 configs; shape MxNxK)" in out
     assert "block_m        default 4        of 1, 2, 4, 8, 16" in out
     assert "modeled: 512-row A^T blocks" in out
-    assert "flash_attention_bwd  (216 configs; shape BxHKVxGROUPSxSQxSKxD[:causal])" in out
+    assert "flash_attention_bwd  (1080 configs; shape BxHKVxGROUPSxSQxSKxD[:causal])" in out
     assert "fused_adamw_  (144 configs; shape TENSORSxNUMEL[:amsgrad])" in out
 
 
