@@ -153,14 +153,16 @@ def test_race_is_found_without_arithmetic():
         run(add_unsplit[2], (X, X), compute=False)
 
 
-def _two_writers(region0, region1):
-    """Core 0 writes ``out[region0]`` and core 1 ``out[region1]`` (slices of a [128, 8] tensor)."""
+def _two_writers(region0, region1, transposed=False):
+    """Core 0 writes ``out[region0]`` and core 1 ``out[region1]`` (slices of a [128, 8] tensor);
+    ``transposed``: each writes its slice's transpose ``out[region].permute((1, 0))``, as the
+    matmul kernel stores C^T tiles (row stride 1 element, column stride a whole row)."""
 
     @nki.jit
     def kernel(x):
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm, name="out")
         region = region0 if nl.program_id(0) == 0 else region1
-        view = out[region]
+        view = out[region].permute((1, 0)) if transposed else out[region]
         t = nl.ndarray(tuple(view.shape), x.dtype, buffer=nl.sbuf)
         nisa.memset(dst=t, value=1.0)
         nisa.dma_copy(dst=view, src=t)
@@ -190,23 +192,6 @@ def test_race_needs_the_same_bytes_not_just_the_same_box(region0, region1, race)
         run(kernel, (X,))
 
 
-def _two_transposed_writers(region0, region1):
-    """Core c writes ``out[region_c].permute((1, 0))``: a transposed tile, as the matmul kernel
-    stores C^T tiles (its row stride is 1 element, its column stride a whole row)."""
-
-    @nki.jit
-    def kernel(x):
-        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm, name="out")
-        region = region0 if nl.program_id(0) == 0 else region1
-        view = out[region].permute((1, 0))
-        t = nl.ndarray(tuple(view.shape), x.dtype, buffer=nl.sbuf)
-        nisa.memset(dst=t, value=1.0)
-        nisa.dma_copy(dst=view, src=t)
-        return out
-
-    return kernel
-
-
 @pytest.mark.parametrize(
     ("region0", "region1", "race"),
     [
@@ -219,7 +204,7 @@ def _two_transposed_writers(region0, region1):
 def test_transposed_tiles_race_exactly_when_they_share_an_element(region0, region1, race):
     """Transposed tiles span every row they cover, so their byte ranges overlap whenever their
     rows do; they are compared as boxes of the tensor (row range x column range), exactly."""
-    kernel = _two_transposed_writers(region0, region1)[2]
+    kernel = _two_writers(region0, region1, transposed=True)[2]
     if race:
         with pytest.raises(NkiValidationError, match="HBM tensor 'out'"):
             run(kernel, (X,))
