@@ -268,23 +268,19 @@ def test_a_resumed_study_measures_only_new_configs(node, tmp_path):
     assert again.study_name == first.study_name
 
 
-def test_lnc_1_on_an_lnc_2_node_compiles_measures_and_stores_at_lnc_1(node, tmp_path, capsys):
-    """``autotune --lnc 1 --backend hardware`` on a node whose runtime launches at LNC=2: the
-    config is checked at LNC=1 (the point's), so it is also compiled as ``kernel[1]``,
-    measured with ``NEURON_LOGICAL_NC_CONFIG=1`` on the node's cores regrouped at LNC=1 (8
-    where LNC=2 shows 4) and stored under LNC=1: the runtime variable sets the grouping
-    (logical-neuroncore-config.rst) and a NEFF at another LNC would fail to run (the nrtpy
-    double refuses one, as nki/api/nki/__init__.py ``jit`` says the runtime does)."""
+def _autotune_on_doubles(tmp_path, *extra):
+    """``neuron-kernels autotune matmul --backend hardware`` for one trial on the doubles,
+    storing its study and results under ``tmp_path``; ``extra`` flags are added. Returns the
+    exit code."""
     from neuron_kernels.cli import main
 
-    code = main(
+    return main(
         [
             "autotune",
             "matmul",
             "--shape",
             SHAPE,
-            "--lnc",
-            "1",
+            *extra,
             "--backend",
             "hardware",
             "--trials",
@@ -301,6 +297,16 @@ def test_lnc_1_on_an_lnc_2_node_compiles_measures_and_stores_at_lnc_1(node, tmp_
             "--no-warm-start",
         ]
     )
+
+
+def test_lnc_1_on_an_lnc_2_node_compiles_measures_and_stores_at_lnc_1(node, tmp_path, capsys):
+    """``autotune --lnc 1 --backend hardware`` on a node whose runtime launches at LNC=2: the
+    config is checked at LNC=1 (the point's), so it is also compiled as ``kernel[1]``,
+    measured with ``NEURON_LOGICAL_NC_CONFIG=1`` on the node's cores regrouped at LNC=1 (8
+    where LNC=2 shows 4) and stored under LNC=1: the runtime variable sets the grouping
+    (logical-neuroncore-config.rst) and a NEFF at another LNC would fail to run (the nrtpy
+    double refuses one, as nki/api/nki/__init__.py ``jit`` says the runtime does)."""
+    code = _autotune_on_doubles(tmp_path, "--lnc", "1")
     out = capsys.readouterr().out
     assert code == 0, out
     assert "autotune matmul on trn2 at LNC=1:" in out
@@ -369,32 +375,7 @@ def test_autotune_cli_stops_before_tuning_naming_what_is_missing(monkeypatch, tm
 
 
 def test_autotune_cli_completes_a_hardware_study_on_the_doubles(node, tmp_path, capsys):
-    from neuron_kernels.cli import main
-
-    code = main(
-        [
-            "autotune",
-            "matmul",
-            "--shape",
-            SHAPE,
-            "--backend",
-            "hardware",
-            "--trials",
-            "1",
-            "--nrtpy-python",
-            sys.executable,
-            "--compile-jobs",
-            "1",
-            "--trial-deadline",
-            str(DEADLINE_S),
-            "--storage",
-            f"sqlite:///{tmp_path / 's.db'}",
-            "--results",
-            str(tmp_path),
-            "--quiet",
-            "--no-warm-start",
-        ]
-    )
+    code = _autotune_on_doubles(tmp_path, "--compile-jobs", "1")
     out = capsys.readouterr().out
     assert code == 0, out
     assert "backend hardware (hardware latency)" in out
