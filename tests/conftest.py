@@ -18,6 +18,22 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_pool, "1")
 
+# No test reads or writes the user's own results or studies: the user folder
+# (``$NEURON_KERNELS_PERF_RESULTS``, else ``<$XDG_CACHE_HOME or ~/.cache>/neuron-kernels``) and
+# the default study storage point into one temporary cache for the run, which the xdist
+# workers and every subprocess a test starts inherit. (A tuning run in the same account
+# while the suite ran once changed the config ``profile`` picked between two subprocesses.)
+if "NEURON_KERNELS_TEST_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["NEURON_KERNELS_TEST_CACHE"] = tempfile.mkdtemp(prefix="neuron-kernels-tests-")
+    atexit.register(shutil.rmtree, os.environ["NEURON_KERNELS_TEST_CACHE"], True)
+os.environ["XDG_CACHE_HOME"] = os.environ["NEURON_KERNELS_TEST_CACHE"]
+for _user_setting in ("NEURON_KERNELS_PERF_RESULTS", "NEURON_KERNELS_STUDIES"):
+    os.environ.pop(_user_setting, None)
+
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
