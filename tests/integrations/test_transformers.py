@@ -269,6 +269,68 @@ def test_gpt_oss_sinks_matter_at_these_sizes():
     assert gap > 100 * LOGITS_TOL["atol"], gap
 
 
+# -- the features' translation, against the op's documented interface ---------------------
+
+
+def _documented_flash_attention(
+    q, k, v, causal, softmax_scale, window=None, softcap=0.0, sinks=None
+):
+    """A plain-torch stand-in for ``torch.ops.neuron.flash_attention`` as its interface is
+    specified (FlashAttention's ``window_size``): causal and ``window=(left, right)`` (-1
+    unbounded) aligned bottom-right (query ``i`` at key position ``i + Sk - Sq``) and
+    intersected; ``softcap``: scaled scores -> ``softcap * tanh(s / softcap)``; ``sinks``:
+    a per-head logit in the softmax denominator only."""
+    h, sq, d = q.shape[1], q.shape[2], q.shape[3]
+    sk = k.shape[2]
+    k = k.repeat_interleave(h // k.shape[1], dim=1)
+    v = v.repeat_interleave(h // v.shape[1], dim=1)
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
+    s = q @ k.transpose(-1, -2) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq).unsqueeze(1) + (sk - sq)
+    j = torch.arange(sk).unsqueeze(0)
+    seen = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        seen &= j <= i
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            seen &= j >= i - left
+        if right >= 0:
+            seen &= j <= i + right
+    s = s.masked_fill(~seen, float("-inf"))
+    if sinks is not None:
+        sink = sinks.reshape(1, h, 1, 1).expand(q.shape[0], h, sq, 1)
+        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        p = torch.softmax(s, dim=-1)
+    return p @ v
+
+
+@pytest.mark.parametrize("family", sorted(NEEDS_FEATURES))
+def test_features_translate_to_the_documented_op(family, monkeypatch):
+    """The window, softcap and sinks each layer passes, given to a stand-in computing the
+    op's documented semantics, reproduce eager's logits: the translation (``sliding_window=W``
+    -> ``window=(W - 1, 0)``, softcap, ``s_aux`` -> sinks) is right before the kernel has
+    them (the tests above then check the kernel). Forward, prefill and decoding past the
+    window with the cache."""
+    monkeypatch.setattr(nkt, "_flash_attention", _documented_flash_attention)
+    want_model = _model(_config(family)).eval()
+    got_model = copy.deepcopy(want_model)
+    nkt.apply_neuron_kernels(got_model)
+    ids = _ids()
+    with torch.no_grad(), cpu_mode("reference"):
+        torch.testing.assert_close(got_model(ids).logits, want_model(ids).logits, **LOGITS_TOL)
+        prompt = _ids(batch=1, seq=WINDOW + 2)
+        kwargs = dict(
+            max_new_tokens=2 * WINDOW, do_sample=False, attention_mask=torch.ones_like(prompt)
+        )
+        assert torch.equal(
+            got_model.generate(prompt, **kwargs), want_model.generate(prompt, **kwargs)
+        )
+
+
 # -- what apply_neuron_kernels swaps ----------------------------------------------------------
 
 # family -> (RMSNorm modules, casting mode, offset, SwiGLU MLPs swapped, attention features by
