@@ -212,8 +212,8 @@ def _visible(q_len: int, kv_len: int, window: int | None, device) -> torch.Tenso
 
 def neuron_attention_mask(
     batch_size: int,
-    cache_position: torch.Tensor,
-    kv_length: int,
+    cache_position: torch.Tensor | None = None,
+    kv_length: int = 0,
     kv_offset: int = 0,
     mask_function=None,
     attention_mask: torch.Tensor | None = None,
@@ -223,11 +223,14 @@ def neuron_attention_mask(
     **kwargs,
 ) -> None:
     """The mask function registered as ``"neuron"`` (the keywords of transformers'
-    ``sdpa_mask``): always ``None``, after checking that the pattern asked for is one the op
-    computes from its flags.
+    ``sdpa_mask``; the queries are ``cache_position`` in 4.57, ``q_length``/``q_offset`` in
+    5.x): always ``None``, after checking that the pattern asked for is one the op computes
+    from its flags.
 
-    Checks, in order: a 2D padding ``attention_mask`` covers the keys (a static cache has
-    slots past it) and marks every key of this step (``prepare_padding_mask``'s slice, as
+    Checks, in order: the queries are the last of the keys (``cache_position[-1] + 1``, or
+    ``q_offset + q_length``, equals ``kv_offset + kv_length``: the op's bottom-right
+    alignment; a static cache has empty slots past them); a 2D padding ``attention_mask``
+    marks every key of this step (``prepare_padding_mask``'s slice, as
     ``flash_attention_mask`` tests ``.all()``);
     ``local_size`` is the config's ``sliding_window`` (chunked attention passes its
     ``attention_chunk_size`` there); and when transformers says the mask may not be plain
@@ -241,14 +244,28 @@ def neuron_attention_mask(
         LimitError: a static cache, a padded token, chunked attention, or any other
             pattern.
     """
+    if cache_position is not None:  # transformers 4.x
+        q_length = cache_position.shape[0]
+        q_end = int(cache_position[-1]) + 1 if q_length else 0
+    else:  # 5.x
+        q_length = kwargs["q_length"]
+        q_end = int(kwargs.get("q_offset", 0)) + q_length
+    if q_length and q_end != kv_offset + kv_length:
+        raise LimitError(
+            _ATTN,
+            "kv_length",
+            "must end at the last query (the op aligns queries with the last keys): a "
+            "static cache's empty slots would be attended (static caches land with "
+            "attn_mask support)",
+            f"keys [{kv_offset}, {kv_offset + kv_length}) for queries ending at {q_end}",
+        )
     if attention_mask is not None:
         if attention_mask.shape[-1] < kv_offset + kv_length:
             raise LimitError(
                 _ATTN,
-                "kv_length",
-                "must not run past the tokens seen: a static cache's empty slots would be "
-                "attended (static caches land with attn_mask support)",
-                f"{kv_offset + kv_length} key slots for {attention_mask.shape[-1]} tokens",
+                "attention_mask",
+                f"must have a column for each of the {kv_offset + kv_length} keys",
+                attention_mask.shape[-1],
             )
         padding = attention_mask[:, kv_offset : kv_offset + kv_length]
         if not bool(padding.all()):
@@ -265,9 +282,11 @@ def neuron_attention_mask(
             _ATTN, "attention_chunk_size", "must be None (chunked attention lands later)", chunk
         )
     if not allow_is_causal_skip:
+        if cache_position is not None:  # 5.x passes q_length, q_offset, device in kwargs
+            kwargs["cache_position"] = cache_position
         dense = sdpa_mask(
+            **kwargs,
             batch_size=batch_size,
-            cache_position=cache_position,
             kv_length=kv_length,
             kv_offset=kv_offset,
             mask_function=mask_function,
@@ -275,8 +294,9 @@ def neuron_attention_mask(
             allow_is_causal_skip=False,
             local_size=local_size,
             allow_torch_fix=False,
+            config=config,
         )
-        want = _visible(cache_position.shape[0], kv_length, local_size, dense.device)
+        want = _visible(q_length, kv_length, local_size, dense.device)
         if not bool((dense == want).all()):
             raise LimitError(
                 _ATTN,
@@ -284,7 +304,7 @@ def neuron_attention_mask(
                 "must be causal (or sliding-window causal) over the keys, aligned bottom-"
                 "right: packed sequences (position_ids restarting in a row), static caches "
                 "and extra mask functions land with attn_mask support",
-                f"a [{batch_size}, {cache_position.shape[0]}, {kv_length}] mask that differs "
+                f"a [{batch_size}, {q_length}, {kv_length}] mask that differs "
                 f"from it at {int((dense != want).sum())} positions",
             )
     return None

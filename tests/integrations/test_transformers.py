@@ -567,12 +567,11 @@ def test_static_cache_is_refused():
             cache_implementation="static",
         )
     assert err.value.arg == "kv_length"
-    # without a padding mask, the pattern check refuses it (the static cache makes
-    # transformers pass allow_is_causal_skip=False)
     cache = transformers.StaticCache(config=model.config, max_cache_len=16)
     with torch.no_grad(), cpu_mode("reference"), pytest.raises(LimitError) as err:
         model(ids, past_key_values=cache, use_cache=True)
-    assert err.value.arg == "attention pattern"
+    assert err.value.arg == "kv_length"
+    assert "keys [0, 16) for queries ending at 5" in str(err.value)
 
 
 # -- import without transformers ------------------------------------------------------------
