@@ -80,6 +80,10 @@ def _config(family: str):
         return transformers.MistralConfig(**common, sliding_window=WINDOW)
     if family == "qwen2":
         return transformers.Qwen2Config(**common)
+    if family == "qwen2_sliding":  # layer 0 full, layer 1 sliding (max_window_layers)
+        return transformers.Qwen2Config(
+            **common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+        )
     if family == "qwen3":
         return transformers.Qwen3Config(**common, head_dim=8)
     if family == "gemma2":
@@ -235,6 +239,7 @@ def test_patched_model_matches_unpatched(family, kernel_launches):
     "family, without",
     [
         ("mistral", {"sliding_window": None}),
+        ("qwen2_sliding", {"sliding_window": SEQ + 1}),
         ("gemma2", {"attn_logit_softcapping": None}),
         ("gemma2", {"sliding_window": SEQ + 1}),
         ("gpt_oss", {"sliding_window": SEQ + 1}),
@@ -308,7 +313,7 @@ def _documented_flash_attention(
     return p @ v
 
 
-@pytest.mark.parametrize("family", sorted(NEEDS_FEATURES))
+@pytest.mark.parametrize("family", [*sorted(NEEDS_FEATURES), "qwen2_sliding"])
 def test_features_translate_to_the_documented_op(family, monkeypatch):
     """The window, softcap and sinks each layer passes, given to a stand-in computing the
     op's documented semantics, reproduce eager's logits: the translation (``sliding_window=W``
