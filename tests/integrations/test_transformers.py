@@ -336,6 +336,46 @@ def test_features_translate_to_the_documented_op(family, monkeypatch):
         )
 
 
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gpt_oss"])
+def test_feature_flags_reach_the_op_without_a_dense_mask(family, monkeypatch):
+    """Sliding and full layers alike get ``attention_mask=None``; each passes the op its own
+    flags: Mistral the window on every layer, Gemma 2 the window on its sliding layer (0) and
+    the softcap on both, gpt-oss the window on layer 0 and its own ``sinks`` Parameter."""
+    from transformers.modeling_utils import AttentionInterface
+
+    masks, calls = [], []
+    real_attention = nkt.neuron_attention_forward
+
+    def attention(module, q, k, v, attention_mask, **kwargs):
+        masks.append(attention_mask)
+        return real_attention(module, q, k, v, attention_mask, **kwargs)
+
+    def op(q, k, v, causal, scale, **features):
+        calls.append((causal, features))
+        return _documented_flash_attention(q, k, v, causal, scale, **features)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "neuron", attention)
+    monkeypatch.setattr(nkt, "_flash_attention", op)
+    model = _model(_config(family)).eval()
+    nkt.apply_neuron_kernels(model)
+    with torch.no_grad(), cpu_mode("reference"):
+        model(_ids())
+    assert masks == [None, None]
+    window = {"window": [WINDOW - 1, 0]}
+    if family == "mistral":
+        assert calls == [(True, window)] * 2
+    elif family == "gemma2":
+        assert calls == [(True, {**window, "softcap": 2.0}), (True, {"softcap": 2.0})]
+    else:
+        sinks = [layer.self_attn.sinks for layer in model.model.layers]
+        assert [(c, {k: v for k, v in f.items() if k != "sinks"}) for c, f in calls] == [
+            (True, window),
+            (True, {}),
+        ]
+        assert len(calls) == len(sinks)
+        assert all(f["sinks"] is s for (_, f), s in zip(calls, sinks))  # the Parameters
+
+
 # -- what apply_neuron_kernels swaps ----------------------------------------------------------
 
 # family -> (RMSNorm modules, casting mode, offset, SwiGLU MLPs swapped, attention features by
