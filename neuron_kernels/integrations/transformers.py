@@ -82,16 +82,18 @@ class Family:
             in fp32, round to the input dtype, then ``* weight``) or "gemma" (everything in
             fp32, ``weight`` included, one rounding at the end).
         offset: added to the stored weight (Gemma stores ``w - 1`` and multiplies by ``1 + w``).
-        mlp: the gated MLP class name (``down(act(gate(x)) * up(x))``), swapped when its
-            ``act_fn`` is SiLU; None when the family's MLP is not one (gpt-oss's MoE).
-        note: what is not swapped and why, for the README and the docstring.
+        mlp: the family's MLP class name.
+        gated: True when that MLP is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``, swapped
+            when its ``act_fn`` is SiLU; False when it is not that shape (gpt-oss's MoE).
+        kept: why an MLP that is not that shape is kept (the report's entry for it).
     """
 
     norm: str
     casting_mode: str
     offset: float
-    mlp: str | None
-    note: str = ""
+    mlp: str
+    gated: bool = True
+    kept: str = ""
 
 
 # Each entry read off the family's modeling file in transformers 4.57.6 (RMSNorm.forward).
@@ -104,20 +106,15 @@ FAMILIES = {
     "qwen3": Family("Qwen3RMSNorm", "llama", 0.0, "Qwen3MLP"),
     # output * (1.0 + weight.float()), then .type_as(x); the MLP is GeGLU (gelu_pytorch_tanh)
     # unless hidden_activation is silu
-    "gemma2": Family(
-        "Gemma2RMSNorm",
-        "gemma",
-        1.0,
-        "Gemma2MLP",
-        "MLP kept: GeGLU (hidden_activation gelu_pytorch_tanh), not SwiGLU",
-    ),
+    "gemma2": Family("Gemma2RMSNorm", "gemma", 1.0, "Gemma2MLP"),
     # (weight * hidden_states_fp32).to(input_dtype): fp32 throughout, one rounding
     "gpt_oss": Family(
         "GptOssRMSNorm",
         "gemma",
         0.0,
-        None,
-        "MLP kept: GptOssMLP is a mixture of experts (router, clamped alpha-scaled GLU experts)",
+        "GptOssMLP",
+        gated=False,
+        kept="a mixture of experts (router, clamped alpha-scaled GLU experts), not one SwiGLU",
     ),
 }
 
@@ -374,7 +371,8 @@ def apply_neuron_kernels(
     model: torch.nn.Module, *, attention: bool = True, rms_norm: bool = True, swiglu: bool = True
 ) -> dict[str, str]:
     """Put the neuron ops into a ``transformers`` model of a family in :data:`FAMILIES`, in
-    place, and return ``{module name: what it now runs}`` for every module it swapped.
+    place, and return ``{module name: what it now runs}`` for every module it swapped, and
+    ``"kept: <why>"`` for each MLP it leaves (with ``swiglu=True``).
 
     - ``attention``: ``model.set_attn_implementation("neuron")``
       (:func:`neuron_attention_forward`); one entry per attention module, with the op's
@@ -407,7 +405,7 @@ def apply_neuron_kernels(
         )
     modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     norm_cls = getattr(modeling, family.norm)
-    mlp_cls = getattr(modeling, family.mlp) if family.mlp else None
+    mlp_cls = getattr(modeling, family.mlp)
 
     swapped: dict[str, str] = {}
     replacements: list[tuple[str, torch.nn.Module]] = []
@@ -418,12 +416,17 @@ def apply_neuron_kernels(
             swapped[name] = (
                 f"RMSNorm: rms_norm (casting {family.casting_mode}, offset {family.offset})"
             )
-        elif swiglu and mlp_cls is not None and type(module) is mlp_cls:
-            if _is_silu(getattr(module, "act_fn", None)):
+        elif swiglu and type(module) is mlp_cls:
+            act = getattr(module, "act_fn", None)
+            if family.gated and _is_silu(act):
                 replacements.append(
                     (name, SwiGLUMLP(module.gate_proj, module.up_proj, module.down_proj))
                 )
                 swapped[name] = "SwiGLU MLP: swiglu"
+            elif family.gated:
+                swapped[name] = f"kept: act_fn {type(act).__name__} is not SiLU"
+            else:
+                swapped[name] = f"kept: {family.kept}"
     for name, new in replacements:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, new)

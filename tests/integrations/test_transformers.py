@@ -423,6 +423,12 @@ def test_patching_reports_what_it_swapped(family):
     mlp_names = [n for n, w in swapped.items() if w.startswith("SwiGLU")]
     assert len(mlp_names) == mlps
     assert all(isinstance(model.get_submodule(n), nkt.SwiGLUMLP) for n in mlp_names)
+    kept = {n: w for n, w in swapped.items() if w.startswith("kept")}
+    assert list(kept) == ([] if mlps else ["model.layers.0.mlp", "model.layers.1.mlp"])
+    if family == "gemma2":
+        assert set(kept.values()) == {"kept: act_fn GELUTanh is not SiLU"}
+    if family == "gpt_oss":
+        assert all("mixture of experts" in w for w in kept.values())
     got_attention = [w for w in swapped.values() if w.startswith("attention")]
     assert got_attention == [f"attention: flash_attention ({a})" for a in attention]
     assert model.config._attn_implementation == "neuron"
