@@ -110,6 +110,8 @@ class Storage:
         "shape",
         "name",
         "psum_state",
+        "psum_fill",
+        "full_strides",
         "first_use",
         "last_use",
         "host",
@@ -156,6 +158,12 @@ class Storage:
         self.psum_state = (
             np.zeros(self.size, dtype=np.uint8) if buffer is MemoryRegion.psum else None
         )
+        # While every element of the tile has one PSUM state, that state (the array's
+        # content is then stale); None once views wrote different states (the array holds
+        # them). Writes through a view of the whole tile keep it uniform without touching
+        # the array (NkiTensor._psum_set).
+        self.psum_fill = PSUM_UNWRITTEN if self.psum_state is not None else None
+        self.full_strides = _contiguous_strides(self.shape)  # a fresh view's strides
         self.first_use = -1
         self.last_use = -1
         self.written = False
@@ -367,7 +375,7 @@ class NkiTensor(NKIObject):
                 self._array()[...] = values
         self._storage.written = True
         if self._storage.psum_state is not None:
-            self._psum_state()[...] = PSUM_VALUE_WRITTEN
+            self._psum_set(PSUM_VALUE_WRITTEN)
 
     def _write(self, values, *, raw: bool = False) -> None:
         """Write values (same number of elements, row-major) through this view.
@@ -386,7 +394,7 @@ class NkiTensor(NKIObject):
         self._storage.written = True
         if self._storage.psum_state is not None:
             # A non-matmul write ends any accumulation group; nc_matmul re-marks its own.
-            self._psum_state()[...] = PSUM_VALUE_WRITTEN
+            self._psum_set(PSUM_VALUE_WRITTEN)
 
     def _element_index(self, api: str, skip: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Storage element (in this dtype) of every element of an indirect view, and which
@@ -445,13 +453,42 @@ class NkiTensor(NKIObject):
             raise not_implemented(
                 "PSUM writes through a view reinterpreted to another element size"
             )
+        st = self._storage
+        if st.psum_fill is not None:  # uniform until now: the array takes over
+            st.psum_state.fill(st.psum_fill)
+            st.psum_fill = None
         return np.ndarray(
             self.shape,
             dtype=np.uint8,
-            buffer=self._storage.psum_state,
+            buffer=st.psum_state,
             offset=self.offset,
             strides=self.strides,
         )
+
+    def _psum_uniform(self) -> int | None:
+        """The PSUM state every element of this view has when the whole tile has one (no
+        array is read), else None (read :meth:`_psum_state`)."""
+        if self.itemsize != self._storage.itemsize:
+            raise not_implemented(
+                "PSUM writes through a view reinterpreted to another element size"
+            )
+        return self._storage.psum_fill
+
+    def _psum_set(self, state: int) -> None:
+        """Set the PSUM state of every element of this view to ``state``: a view of the
+        whole tile (its shape and row-major strides at offset 0, same element size) makes
+        the tile uniform without writing the array; any other view writes its elements."""
+        st = self._storage
+        if (
+            st.psum_state is not None
+            and self.offset == 0
+            and self.shape == st.shape
+            and self.strides == st.full_strides
+            and self.itemsize == st.itemsize
+        ):
+            st.psum_fill = state
+        else:
+            self._psum_state()[...] = state
 
     # -- bounds and trace records --------------------------------------------------
     def _extent(self) -> tuple[int, int]:
