@@ -303,6 +303,13 @@ class OperandChecks:
         return bool(v)
 
     def record(self, engine: str, reads, writes, name=None, **attrs) -> NkiInstruction:
+        for t in (*reads, *writes):
+            if t._indirect is not None:
+                break
+        else:  # no indirect operand (the common case): no index tensors to add
+            return NkiInstruction(
+                self.sim.record_attrs(self.api, engine, reads, writes, name, attrs)
+            )
         indexes = [
             t._indirect.source
             for t in (*reads, *writes)
@@ -311,13 +318,29 @@ class OperandChecks:
         if indexes:  # the instruction reads its index tensors too (a dependency)
             reads = [*reads, *indexes]
             attrs["indirect"] = True
-        return NkiInstruction(self.sim.record(self.api, engine, reads, writes, name, **attrs))
+        return NkiInstruction(self.sim.record_attrs(self.api, engine, reads, writes, name, attrs))
 
 
-def _canonical_free_dims(t: NkiTensor) -> list[tuple[int, int]]:
-    """Free dims with size-1 dims dropped and contiguous neighbours merged."""
+def _canonical_free_dims(t: NkiTensor) -> tuple[tuple[int, int], ...]:
+    """Free dims with size-1 dims dropped and contiguous neighbours merged.
+
+    A function of the view's (shape, strides) only, so it is cached by them (a kernel
+    checks the same few tile patterns on every instruction); the checks that read it
+    still run on every call."""
+    key = (t.shape, t.strides)
+    dims = _FREE_DIMS.get(key)
+    if dims is None:
+        if len(_FREE_DIMS) >= 4096:
+            _FREE_DIMS.clear()
+        dims = _FREE_DIMS[key] = tuple(_merge_free_dims(*key))
+    return dims
+
+
+_FREE_DIMS: dict[tuple, tuple[tuple[int, int], ...]] = {}
+
+
+def _merge_free_dims(shape, strides) -> list[tuple[int, int]]:
     merged: list[tuple[int, int]] = []
-    shape, strides = t.shape, t.strides
     for i in range(1, len(shape)):
         n = shape[i]
         if n == 1:
