@@ -93,6 +93,11 @@ class DynamicSlice:
 
 # PSUM per-element state for nc_matmul accumulate inference.
 PSUM_UNWRITTEN, PSUM_VALUE_WRITTEN, PSUM_MATMUL_WRITTEN = 0, 1, 2
+# Storage.psum_state of a PSUM tile whose state array is not allocated yet (never written
+# through a view of part of it): empty, never written to.
+_PSUM_STATE_UNALLOCATED = np.zeros(0, dtype=np.uint8)
+_PSUM_STATE_UNALLOCATED.flags.writeable = False
+_BUFFER_VALUE = {b: b.value for b in MemoryRegion}
 
 
 class Storage:
@@ -139,14 +144,14 @@ class Storage:
         self.precise_fp = precise_fp
         self.compute = compute
         self.size = math.prod(self.shape)
-        self.itemsize = dtypes.info(dtype).itemsize
+        self.itemsize = dtypes.DTYPES[dtype].itemsize
         # Elements per partition (on-chip); the partition stride of a fresh view.
         self.partition_elems = math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
         self.bytes_per_partition = self.partition_elems * self.itemsize
         # Everything a view's bounds check and trace record read from the storage (besides
         # its identity): the key of the per-geometry caches of __getitem__ and _access.
         self.geometry = (self.shape, self.itemsize, self.on_chip)
-        self.buffer_value = buffer.value  # MemoryRegion.value is an enum property (slow)
+        self.buffer_value = _BUFFER_VALUE[buffer]  # MemoryRegion.value: an enum property (slow)
         # (shape, strides, offset, dtype) -> Access of a view: equal views share one frozen
         # record. Released with the last view (NkiTensor.__del__).
         self.accesses = None
@@ -155,13 +160,13 @@ class Storage:
                 self.size, dtypes.sentinel(dtype), dtype=dtypes.storage_dtype(dtype, precise_fp)
             )
         self.array = array if compute else None
-        self.psum_state = (
-            np.zeros(self.size, dtype=np.uint8) if buffer is MemoryRegion.psum else None
-        )
+        # PSUM: the per-element state array, allocated when first needed (an empty
+        # placeholder until then); None for other buffers and once no view is left.
+        self.psum_state = _PSUM_STATE_UNALLOCATED if buffer is MemoryRegion.psum else None
         # While every element of the tile has one PSUM state, that state (the array's
-        # content is then stale); None once views wrote different states (the array holds
-        # them). Writes through a view of the whole tile keep it uniform without touching
-        # the array (NkiTensor._psum_set).
+        # content is then stale or not allocated); None once views wrote different states
+        # (the array holds them). Writes through a view of the whole tile keep it uniform
+        # without touching the array (NkiTensor._psum_set).
         self.psum_fill = PSUM_UNWRITTEN if self.psum_state is not None else None
         self.full_strides = _contiguous_strides(self.shape)  # a fresh view's strides
         self.first_use = -1
@@ -274,7 +279,10 @@ class NkiTensor(NKIObject):
 
     @property
     def elems_per_partition(self) -> int:
-        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+        shape = self.shape
+        if len(shape) == 2:  # the common tile (no slice, no product)
+            return shape[1]
+        return math.prod(shape[1:]) if len(shape) > 1 else 1
 
     @property
     def free_size(self) -> int:
@@ -455,6 +463,8 @@ class NkiTensor(NKIObject):
             )
         st = self._storage
         if st.psum_fill is not None:  # uniform until now: the array takes over
+            if st.psum_state is _PSUM_STATE_UNALLOCATED:
+                st.psum_state = np.empty(st.size, dtype=np.uint8)
             st.psum_state.fill(st.psum_fill)
             st.psum_fill = None
         return np.ndarray(
