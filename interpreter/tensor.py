@@ -353,18 +353,22 @@ class NkiTensor(NKIObject):
             return np.zeros(self.shape, dtype=self._np_dtype())
         return np.array(self._array())
 
-    def _read_f32(self) -> np.ndarray:
-        """A copy of the values as fp32 (zeros when the launch does not compute)."""
+    def _check_numeric_read(self) -> None:
+        """The refusal of :meth:`_read_f32` / :meth:`_view_f32`: packed x4 values are no
+        numbers (checked also when a trace-only launch reads no values)."""
         if dtypes.DTYPES[self.dtype].kind == "packed":
             dtypes.refuse_packed(self.dtype, "a numeric read")
+
+    def _read_f32(self) -> np.ndarray:
+        """A copy of the values as fp32 (zeros when the launch does not compute)."""
+        self._check_numeric_read()
         if not self._storage.compute:
             return np.zeros(self.shape, dtype=np.float32)
         return self._array().astype(np.float32)
 
     def _view_f32(self) -> np.ndarray:
         """The values as fp32 for reading only: a view when stored as fp32, else a copy."""
-        if dtypes.DTYPES[self.dtype].kind == "packed":
-            dtypes.refuse_packed(self.dtype, "a numeric read")
+        self._check_numeric_read()
         if not self._storage.compute:
             return np.zeros(self.shape, dtype=np.float32)
         arr = self._array()
