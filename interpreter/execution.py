@@ -172,14 +172,14 @@ def run(
             Outputs then hold zeros and written inputs are not updated. Checks that depend on
             values (transpose-mode identity) cannot run.
     """
-    with _cyclic_gc_paused():
+    with cyclic_gc_paused():
         return _run(kernel, args, kwargs, target, precise_fp, compute)
 
 
 @contextmanager
-def _cyclic_gc_paused():
+def cyclic_gc_paused():
     """Python's cyclic garbage collector paused for one launch (re-enabled after it, if it
-    was on): a launch allocates a few container objects per traced instruction (views,
+    was on; nests: an inner pause leaves it to the outer one): a launch allocates a few container objects per traced instruction (views,
     Access records, instructions) and keeps the trace alive, so the collector's periodic
     passes over the young and growing generations cost ~20% of a trace-only run, while a
     launch leaves almost nothing for it to find (about 30 objects in reference cycles per
