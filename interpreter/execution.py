@@ -216,20 +216,7 @@ def _run(kernel, args, kwargs, target, precise_fp, compute) -> Run:
     hosts: list[tuple[Any, NkiTensor]] = []
 
     def to_device(name, value):
-        _reject_lists(name, value)
-        value = rebuilt_argument(value, name)  # NKIObjects from their __dict__ (classes.py)
-        if isinstance(value, tuple):  # a tuple of arrays is a tuple of HBM tensors
-            return tuple(to_device(f"{name}[{i}]", v) for i, v in enumerate(value))
-        for seen_value, seen in hosts:  # the same array passed twice is one HBM tensor
-            if seen_value is value:
-                return seen
-        host = _host_array(name, value)
-        if host is None:
-            return value
-        dtype = dtypes.normalize(host.dtype, "nki.simulate")
-        t = wrap_host_array(setup, host, dtype, in_buffer, name)
-        hosts.append((value, t))
-        return t
+        return _to_device(setup, hosts, in_buffer, name, value)
 
     params = _param_names(kernel.fn, len(args))
     dev_args = [to_device(params[i], a) for i, a in enumerate(args)]
@@ -255,6 +242,29 @@ def _run(kernel, args, kwargs, target, precise_fp, compute) -> Run:
                 _write_back(value, t)
     outputs = _convert_outputs(result, framework)
     return Run(outputs=outputs, trace=launch.trace, target=tgt, grid=grid, memory=peaks)
+
+
+def _to_device(setup: ProgramInstance, hosts: list, in_buffer, name: str, value):
+    """A kernel argument as the launch sees it: host arrays become HBM tensors of ``setup``'s
+    launch (the same array passed twice is one tensor, ``hosts``), tuples element-wise.
+    A module function, not a closure calling itself: such a closure is a reference cycle
+    holding the launch, so a dropped Run would keep its trace until the cyclic GC ran."""
+    _reject_lists(name, value)
+    value = rebuilt_argument(value, name)  # NKIObjects from their __dict__ (classes.py)
+    if isinstance(value, tuple):  # a tuple of arrays is a tuple of HBM tensors
+        return tuple(
+            _to_device(setup, hosts, in_buffer, f"{name}[{i}]", v) for i, v in enumerate(value)
+        )
+    for seen_value, seen in hosts:  # the same array passed twice is one HBM tensor
+        if seen_value is value:
+            return seen
+    host = _host_array(name, value)
+    if host is None:
+        return value
+    dtype = dtypes.normalize(host.dtype, "nki.simulate")
+    t = wrap_host_array(setup, host, dtype, in_buffer, name)
+    hosts.append((value, t))
+    return t
 
 
 def _check_lnc(grid: tuple[int, ...], target: Target) -> int:
