@@ -49,6 +49,9 @@ class Launch:
     hbm_views: dict[int, tuple[tuple[NkiTensor, ...], tuple[NkiTensor, ...]]] | None = None
     # PSUM bytes per partition one tile may take (memory._usable_psum_bytes, read once)
     usable_psum_bytes: int | None = None
+    # (shape, strides, buffer, engine, write) of compute-engine operands that passed
+    # OperandChecks.engine_operand's checks on this launch's target
+    operands_passed: set = field(default_factory=set)
 
     def new_storage_id(self) -> int:
         self.next_storage_id += 1

@@ -121,8 +121,18 @@ class OperandChecks:
             self.fail(arg, rule, t.buffer.value.upper() if t.on_chip else t.buffer.value)
 
     def engine_operand(self, arg: str, t, eng: str, *, write: bool = False) -> NkiTensor:
-        """An SBUF/PSUM operand of a compute engine: buffer, partitions, access pattern."""
+        """An SBUF/PSUM operand of a compute engine: buffer, partitions, access pattern.
+
+        The checks after ``tensor`` read only the view's shape and strides, its buffer, the
+        engine and the direction (and the launch's target): a combination that passed them
+        in this launch passes again, so it is remembered per launch and not re-checked.
+        Failures are never remembered; the NeuronCore-v2 start-partition rule, which also
+        reads the view's offset, is always checked."""
         t = self.tensor(arg, t)
+        passed = self.sim.launch.operands_passed
+        key = (t.shape, t.strides, t._storage.buffer_value, eng, write)
+        if key in passed and not self.target.start_partition_rule:
+            return t
         allowed = (ENGINE_WRITES if write else ENGINE_READS)[eng]
         if t._storage.buffer not in allowed:  # message built only on failure (hot path)
             self.buffer(
@@ -137,6 +147,7 @@ class OperandChecks:
         self.access_pattern(arg, t)
         if eng != "tensor":
             self.engine_free_size(arg, t)
+        passed.add(key)
         return t
 
     def partitions(self, arg: str, t: NkiTensor) -> None:
