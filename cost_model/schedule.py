@@ -806,27 +806,26 @@ class _Deps:
             hits.pop(st, None)  # the write table changes: cached read overlaps are stale
             w = self.writes[st]
             r = self.reads[st]
-            # Drop the regions ``b`` covers (``_covers(b, region)``, inlined).
+            # Drop the regions ``b`` covers (``_covers(b, region)``, inlined; plain loops,
+            # no comprehension call per write).
+            dead = []
             if b[4]:  # strided HBM tile: only an identical region is covered
                 w.pop(b, None)
-                dead = [key for key in r if key[0] == b]
+                for key in r:
+                    if key[0] == b:
+                        dead.append(key)
             else:
                 p0, p1, lo, hi = b[0], b[1], b[2], b[3]
-                for ob in [
-                    ob
-                    for ob in w
-                    if not ob[4] and p0 <= ob[0] and ob[1] <= p1 and lo <= ob[2] and ob[3] <= hi
-                ]:
+                for ob in w:
+                    if not ob[4] and p0 <= ob[0] and ob[1] <= p1 and lo <= ob[2] and ob[3] <= hi:
+                        dead.append(ob)
+                for ob in dead:
                     del w[ob]
-                dead = [
-                    key
-                    for key in r
-                    if not key[0][4]
-                    and p0 <= key[0][0]
-                    and key[0][1] <= p1
-                    and lo <= key[0][2]
-                    and key[0][3] <= hi
-                ]
+                dead = []
+                for key in r:
+                    q = key[0]
+                    if not q[4] and p0 <= q[0] and q[1] <= p1 and lo <= q[2] and q[3] <= hi:
+                        dead.append(key)
             for key in dead:
                 del r[key]
             w[b] = (end, unit, ins.index)
