@@ -1116,9 +1116,10 @@ def model_trace(
             core.remaining["q:" + q] -= 1
 
         deps.record(ins, unit, end[idx], bounds)
+        done = end[idx]
         for a in (*ins.reads, *ins.writes):
-            if a.on_chip and storage_end.get(a.storage, 0.0) < end[idx]:
-                storage_end[a.storage] = end[idx]
+            if a.buffer in _ON_CHIP and storage_end.get(a.storage, 0.0) < done:  # (on_chip)
+                storage_end[a.storage] = done
 
         if idx % prune_every == prune_every - 1:
             horizons = [
