@@ -1013,6 +1013,9 @@ def model_trace(
     desc = float(p.dma_descriptor_bytes)
     t_xfer = float(p.dma_transfer_ns)
     prune_every = 8192
+    # _tensor_cost by everything it reads (the API and attributes, the first read's partition
+    # count when K is not given): a kernel repeats a few matmul shapes thousands of times.
+    pe_costs: dict[tuple, tuple[float, float, float, float]] = {}
     pending: dict[int, tuple[int, float, int]] = {}  # core -> (index, arrival, producer)
 
     for idx, ins in enumerate(instrs):
@@ -1042,7 +1045,23 @@ def model_trace(
 
         if unit != "dma":
             if unit == "pe":
-                ii, lat, raw, equiv = _tensor_cost(ins, p)
+                a = ins.attrs
+                key = (
+                    ins.api,
+                    a.get("K"),
+                    a.get("M"),
+                    a.get("N"),
+                    a.get("stationary_dtype"),
+                    a.get("moving_dtype"),
+                    a.get("is_transpose"),
+                    a.get("tiling"),
+                    a.get("mx"),
+                    None if "K" in a or not ins.reads else ins.reads[0].partitions,
+                )
+                cost = pe_costs.get(key)
+                if cost is None:
+                    cost = pe_costs[key] = _tensor_cost(ins, p)
+                ii, lat, raw, equiv = cost
                 is_t = bool(ins.attrs.get("is_transpose")) or ins.api.endswith("nc_transpose")
                 flops["transpose" if is_t else "matmul"] += raw
                 if not is_t:
