@@ -84,7 +84,8 @@ without keyword re-packing; usable PSUM read once per launch. Schedule: a read's
 overlapping live writes cached until its storage's write table changes (same order, so
 the same producer on ties); edge and cover rules inlined; appends at the end of a
 timeline skip the bisects; the PSUM allocator's fit loop inlined (same candidates, same
-set order); VectorE cycle rules build their operand sets only when read. Every modeled
+set order); VectorE cycle rules build their operand sets only when read; TensorE costs
+memoised per trace by everything ``_tensor_cost`` reads. Every modeled
 number identical (``--check`` against a recording made before; 13 more
 ``ModelBackend.measure`` latencies of matmul, rms_norm fwd/bwd, flash attention fwd/bwd,
 fused_adamw_ and swiglu fwd/bwd equal as floats). matmul 4096^3 bf16 default config, CPU
@@ -92,13 +93,13 @@ seconds (``time.process_time``), base and new processes alternated, median; load
 4-6 on 2 cores::
 
     phase                                   before s  after s  ratio
-    trace (run, compute=False)                1.082    0.595   0.55x
-    schedule (model_trace)                    0.654    0.539   0.82x
-    trace + schedule                          1.736    1.134   0.65x
-    ModelBackend.measure (one tuner trial)    1.74     1.07    0.61x
+    trace (run, compute=False)                1.078    0.599   0.56x
+    schedule (model_trace)                    0.659    0.507   0.77x
+    trace + schedule                          1.737    1.106   0.64x
+    ModelBackend.measure (one tuner trial)    1.78     1.05    0.59x
 
-Other matmul configs, ``ModelBackend.measure`` CPU: psum 2x2 1.62 -> 1.01 s, DMA
-transpose 8x4 0.86 -> 0.49 s, B stationary 4.45 -> 2.72 s. One trial at 8192x28672x8192
+Other matmul configs, ``ModelBackend.measure`` CPU: psum 2x2 1.65 -> 0.98 s, DMA
+transpose 8x4 0.87 -> 0.47 s, B stationary 4.49 -> 2.65 s. One trial at 8192x28672x8192
 bf16 (535,808 instructions): peak RSS 1.15 -> 1.13 GB (``/usr/bin/time -v``), CPU
 58.9 -> 42.6 s, modeled latency 60,138.954 us both times.
 """
