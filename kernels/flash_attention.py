@@ -15,6 +15,18 @@ The contract both directions keep:
       ``Sq - Sk`` query rows see no key: such fully masked rows give ``out = 0`` and
       ``lse = -inf`` (never NaN).
     - ``softmax_scale=None`` means ``1 / sqrt(D)``.
+    - ``window=(left, right)`` (FlashAttention's ``window_size``; None is ``(-1, -1)``, -1
+      is unbounded on that side), aligned bottom-right like causal: query ``i`` sees key
+      ``j`` iff ``i + (Sk - Sq) - left <= j <= i + (Sk - Sq) + right``. With ``causal``
+      the causal bound also holds (the intersection). Rows that see no key give
+      ``out = 0`` and ``lse = -inf`` as above. Tiles no row sees are skipped at trace
+      time (a window of W keys costs O(S * W) tiles), tiles a window edge crosses are
+      masked (GpSimd ``affine_select``, one per edge that crosses).
+    - ``softcap > 0``: the scaled scores ``s = scale * q . k`` become
+      ``softcap * tanh(s / softcap)`` before the softmax (FlashAttention, Gemma 2; the scale
+      first); lse is over the capped scores; the backward multiplies by
+      ``d(capped)/ds = 1 - tanh^2``. The kernels keep ``t = tanh(s / softcap)`` (ScalarE's
+      tanh, reading PSUM) in SBUF and exponentiate ``softcap * t``. 0 is off.
 
 The forward kernel, two-pass softmax (the default; K/V resident in SBUF)::
 
@@ -75,16 +87,19 @@ __all__ = [
     "FlashAttentionConfig",
     "FlashAttentionPlan",
     "attention_reference",
-    "causal_key_bounds",
     "causal_visible",
+    "dead_rows",
     "flash_attention_fwd_kernel",
-    "mask_causal",
+    "key_bounds",
+    "mask_window",
     "matmul_over_d",
     "plan",
     "resolve_scale",
     "tile_visibility",
     "transpose_blocks",
     "validate_attention",
+    "visible",
+    "window_bounds",
 ]
 
 OP = "flash_attention"
@@ -104,42 +119,86 @@ def resolve_scale(softmax_scale: float | None, head_dim: int) -> float:
 
 def causal_visible(sq: int, sk: int, device=None) -> torch.Tensor:
     """``[Sq, Sk]`` bool: query ``i`` sees key ``j`` iff ``j <= i + (Sk - Sq)`` (bottom-right)."""
-    i = torch.arange(sq, device=device).unsqueeze(1)
+    return visible(sq, sk, True, None, device)
+
+
+def window_bounds(causal: bool, window=None) -> tuple[int, int]:
+    """``(left, right)`` keys a query sees before and after its own diagonal, ``-1`` for
+    unbounded, with ``causal`` folded in (it bounds ``right`` by 0): the one pair the plans,
+    the masks and the reference read. ``window`` is the op's (None: ``(-1, -1)``)."""
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def visible(sq: int, sk: int, causal=False, window=None, device=None) -> torch.Tensor:
+    """``[Sq, Sk]`` bool: query ``i`` sees key ``j`` iff
+    ``i + (Sk - Sq) - left <= j <= i + (Sk - Sq) + right`` (a side with -1 unbounded; causal
+    bounds ``right`` by 0), aligned bottom-right: the reference's mask."""
+    left, right = window_bounds(causal, window)
+    i = torch.arange(sq, device=device).unsqueeze(1) + (sk - sq)
     j = torch.arange(sk, device=device).unsqueeze(0)
-    return j <= i + (sk - sq)
+    seen = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if right >= 0:
+        seen = seen & (j <= i + right)
+    if left >= 0:
+        seen = seen & (j >= i - left)
+    return seen
 
 
-def causal_key_bounds(q0: int, n_q: int, sq: int, sk: int, causal: bool) -> tuple[int, int]:
-    """``(k_all, k_end)`` for the query rows ``[q0, q0 + n_q)``: keys ``j < k_all`` are
-    visible to every row, keys ``j < k_end`` to some row (query ``i`` sees key ``j`` iff
-    ``j <= i + Sk - Sq``, bottom-right); both ``Sk`` without the mask. Either may be <= 0:
-    rows before ``Sq - Sk`` see no key. The one statement of the diagonal the forward and
-    the backward plan and trace their tiles by (:func:`causal_visible` is the reference's)."""
-    if not causal:
-        return sk, sk
-    offset = sk - sq
-    return q0 + offset + 1, min(sk, q0 + n_q + offset)
+def key_bounds(q0: int, n_q: int, sq: int, sk: int, bounds) -> tuple[int, int, int, int]:
+    """``(k_start, k_end, a_start, a_end)`` for the query rows ``[q0, q0 + n_q)`` under the
+    window ``bounds = (left, right)`` (:func:`window_bounds`): keys in ``[k_start, k_end)``
+    are visible to some row, keys in ``[a_start, a_end)`` to every row (empty when
+    ``a_start >= a_end``); all clipped to ``[0, Sk]``. ``k_end <= k_start``: no row sees a
+    key. The one statement of the window the forward and the backward plan and trace
+    their tiles by (:func:`visible` is the reference's)."""
+    left, right = bounds
+    off = sk - sq
+    first, last = q0 + off, q0 + n_q - 1 + off  # the diagonals of the first and last row
+    k_start = max(0, first - left) if left >= 0 else 0
+    a_start = max(0, last - left) if left >= 0 else 0
+    k_end = max(0, min(sk, last + right + 1)) if right >= 0 else sk
+    a_end = max(0, min(sk, first + right + 1)) if right >= 0 else sk
+    return k_start, k_end, a_start, a_end
 
 
-def tile_visibility(q0: int, n_q: int, k0: int, n_k: int, sq: int, sk: int, causal: bool) -> str:
-    """How the query rows ``[q0, q0 + n_q)`` see the keys ``[k0, k0 + n_k)``: "none" (no
-    row sees any: the tile is skipped), "all" (every row sees every key: no mask) or "some"
-    (the causal diagonal crosses the tile: it is masked). A trace-time decision."""
-    k_all, k_end = causal_key_bounds(q0, n_q, sq, sk, causal)
-    if k0 >= k_end:
+def tile_visibility(q0: int, n_q: int, k0: int, n_k: int, sq: int, sk: int, bounds) -> str:
+    """How the query rows ``[q0, q0 + n_q)`` see the keys ``[k0, k0 + n_k)`` under the window
+    ``bounds``: "none" (no row sees any: the tile is skipped), "all" (every row sees every
+    key: no mask) or "some" (a window edge crosses the tile: it is masked). A trace-time
+    decision."""
+    k_start, k_end, a_start, a_end = key_bounds(q0, n_q, sq, sk, bounds)
+    if k0 >= k_end or k0 + n_k <= k_start:
         return "none"
-    if k0 + n_k <= k_all:
+    if a_start <= k0 and k0 + n_k <= a_end:
         return "all"
     return "some"
 
 
-def validate_attention(op_name: str, q, k, v, causal=False, softmax_scale=None) -> None:
+def dead_rows(q0: int, n_q: int, sq: int, sk: int, bounds) -> int:
+    """Leading rows of the query rows ``[q0, q0 + n_q)`` that see no key: those whose last
+    visible key ``i + (Sk - Sq) + right`` is before key 0 (a bounded ``right``: causal with
+    Sq > Sk, or a window). The left bound never empties a row (``i - left <= i``, and row
+    ``i``'s diagonal is below Sk), so such rows are always a prefix."""
+    right = bounds[1]
+    if right < 0:
+        return 0
+    return min(n_q, max(0, -(sk - sq + right) - q0))
+
+
+def validate_attention(
+    op_name: str, q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+) -> None:
     """Refuse bad attention input before any work, naming the argument and the value.
 
     Checks: tensors, rank 4 (BHSD), the head dim agreeing across q/k/v and within
     ``[1, MAX_HEAD_DIM]``, ``H % Hkv == 0``, B of k and v equal to q's, k and v agreeing on
-    (B, Hkv, Sk), dtypes (one of :data:`DTYPES`, all equal), one device, ``causal`` a bool
-    and ``softmax_scale`` None or a finite float.
+    (B, Hkv, Sk), dtypes (one of :data:`DTYPES`, all equal), one device, ``causal`` a bool,
+    ``softmax_scale`` None or a finite float, ``window`` None or two ints each >= -1,
+    ``softcap`` a finite float >= 0 and ``sinks`` None or a ``[H]`` tensor in float32 or
+    q's dtype on q's device.
 
     Raises:
         LimitError: with ``op = op_name`` and ``arg`` naming the argument at fault.
@@ -215,15 +274,76 @@ def validate_attention(op_name: str, q, k, v, causal=False, softmax_scale=None) 
         and math.isfinite(softmax_scale)
     ):
         raise LimitError(op_name, "softmax_scale", "must be None or a finite float", softmax_scale)
+    _validate_features(op_name, q, window, softcap, sinks)
 
 
-def attention_reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
+def _validate_features(op_name, q, window, softcap, sinks) -> None:
+    """The window, softcap and sinks checks of :func:`validate_attention`."""
+    if window is not None:
+        if not isinstance(window, (list, tuple)) or len(window) != 2:
+            raise LimitError(
+                op_name, "window", "must be None or two ints (left, right)", repr(window), limit=2
+            )
+        for side, w in zip(("left", "right"), window):
+            if isinstance(w, bool) or not isinstance(w, (int, torch.SymInt)):
+                raise LimitError(op_name, "window", f"{side} must be an int", repr(window))
+            if w < -1:
+                raise LimitError(
+                    op_name,
+                    "window",
+                    f"{side} must be >= -1 (-1: unbounded)",
+                    repr(window),
+                    limit=-1,
+                )
+    if (
+        isinstance(softcap, bool)
+        or not isinstance(softcap, (int, float))
+        or not math.isfinite(softcap)
+        or softcap < 0
+    ):
+        raise LimitError(
+            op_name, "softcap", "must be a finite float >= 0 (0: off)", repr(softcap), limit=0.0
+        )
+    if sinks is None:
+        return
+    h = q.shape[1]
+    if not isinstance(sinks, torch.Tensor):
+        raise LimitError(op_name, "sinks", "must be None or a torch.Tensor", type(sinks).__name__)
+    if tuple(sinks.shape) != (h,):
+        raise LimitError(
+            op_name, "sinks shape", f"must be [H] = ({h},)", tuple(sinks.shape), limit=(h,)
+        )
+    allowed = ("float32", dtype_name(q))
+    if dtype_name(sinks) not in allowed:
+        raise LimitError(
+            op_name, "sinks dtype", "must be float32 or q's dtype", dtype_name(sinks), limit=allowed
+        )
+    if sinks.device != q.device:
+        raise LimitError(
+            op_name, "sinks device", f"must equal q's device ({q.device})", str(sinks.device)
+        )
+
+
+def attention_reference(
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    upcast=True,
+):
     """Plain-torch attention: ``(out [B, H, Sq, D], lse [B, H, Sq] float32)``.
 
     fp64 when ``upcast`` (both outputs float64), else fp32 math with ``out`` in q's dtype
     and ``lse`` float32 (the op's output dtypes).
-    GQA by broadcasting (no repeated K/V), causal bottom-right, fully masked rows give
-    ``out = 0`` and ``lse = -inf``; differentiable (gradients finite on masked rows).
+    GQA by broadcasting (no repeated K/V), causal and window bottom-right (:func:`visible`),
+    ``softcap > 0`` caps the scaled scores to ``softcap * tanh(s / softcap)``, ``sinks``
+    adds ``exp(sink_h)`` to each row's softmax denominator (and to its lse). Fully masked
+    rows give ``out = 0`` and ``lse = sink_h`` (``-inf`` without sinks); differentiable
+    (gradients finite on masked rows).
     """
     b, h, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -234,13 +354,22 @@ def attention_reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
     kc = k.to(compute).unsqueeze(2)  # [B, Hkv, 1, Sk, D]: broadcast over the group
     vc = v.to(compute).unsqueeze(2)
     scores = torch.matmul(qc, kc.transpose(-1, -2)) * scale  # [B, Hkv, G, Sq, Sk]
-    if causal:
-        scores = scores.masked_fill(~causal_visible(sq, sk, q.device), float("-inf"))
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    left, right = window_bounds(causal, window)
+    if left >= 0 or right >= 0:
+        scores = scores.masked_fill(~visible(sq, sk, causal, window, q.device), float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True) if sk else scores.new_zeros((*scores.shape[:-1], 1))
+    sink = None
+    if sinks is not None:
+        sink = sinks.to(compute).reshape(1, hkv, groups, 1, 1)
+        row_max = torch.maximum(row_max, sink.expand_as(row_max))
     # A shift by a constant leaves softmax unchanged: detach it, and use 0 on masked rows.
     shift = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max).detach()
     weights = torch.exp(scores - shift)  # exactly 0 where masked
     row_sum = weights.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        row_sum = row_sum + torch.exp(sink - shift)
     safe_sum = torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
     out = torch.matmul(weights, vc) / safe_sum
     lse = (shift + torch.log(row_sum)).squeeze(-1)  # log(0) = -inf on fully masked rows
@@ -345,6 +474,9 @@ class FlashAttentionPlan(nl.NKIObject):
     sk: int
     d: int
     causal: bool
+    left: int  # keys a query sees before its diagonal, -1 unbounded (window_bounds)
+    right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
+    softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
     scale: float  # the softmax scale in use
     q_tile: int  # query rows per tile: the partition count
     d_tile: int  # contraction rows of D per matmul: the partition count
@@ -394,24 +526,26 @@ def split_groups(b, hkv, group, tiles, costs, lnc):
     return tuple(tuple(share) for share in shares)
 
 
-def query_tiles(group: int, sq: int, sk: int, q_tile: int, causal: bool):
+def query_tiles(group: int, sq: int, sk: int, q_tile: int, causal: bool, window=None):
     """A group's query tiles ``(head within the group, q0)`` in the kernel's order, and
-    each one's cost: the keys it sees (all of Sk, or up to the causal diagonal, aligned
-    bottom-right) plus one tile of fixed work (its load, close and store)."""
+    each one's cost: the keys it sees (all of Sk, or those within the causal diagonal and
+    the window, aligned bottom-right) plus one tile of fixed work (its load, close and
+    store)."""
     tiles, costs = [], []
+    bounds = window_bounds(causal, window)
     for g in range(group):
         for q0, qs in tiled(sq, q_tile):
             tiles.append((g, q0))
-            _, k_end = causal_key_bounds(q0, qs, sq, sk, causal)
-            costs.append(max(0, k_end) + q_tile)
+            k_start, k_end, _, _ = key_bounds(q0, qs, sq, sk, bounds)
+            costs.append(max(0, k_end - k_start) + q_tile)
     return tiles, costs
 
 
-def _two_pass_budget(sk, d, d_tiles, q_tile, item, causal, config, kv_chunks, lags):
+def _two_pass_budget(sk, d, d_tiles, q_tile, item, masked, config, kv_chunks, lags):
     """(SBUF bytes per partition, PSUM banks) of the two-pass forward, for its pipeline
     ``lags = (lead, q_prefetch, lag_pv, lag_close)``: K^T and V resident; P and P^T live
     from a key tile's exp to its P V (``lag_pv + 1`` key tiles), masked scores from its max
-    pass to its exp (``lead + 1``, causal only); each query tile with a step between its
+    pass to its exp (``lead + 1``, when a window edge or the diagonal masks); each query tile with a step between its
     q^T load and its close holds q^T, its per-key-tile max columns and [q, 1] columns and
     its output rows."""
     lead, q_prefetch, lag_pv, lag_close = lags
@@ -421,7 +555,7 @@ def _two_pass_budget(sk, d, d_tiles, q_tile, item, causal, config, kv_chunks, la
         sbuf += 2 * d * item  # q rows awaiting their TensorE transpose
     chunks = ceil_div(config.k_tile, q_tile)
     sbuf += (lag_pv + 1) * (config.k_tile * item + chunks * q_tile * item)  # P, P^T
-    if causal:
+    if masked:
         sbuf += (lead + 1) * config.k_tile * 4  # masked scores
     per_query_tile = d_tiles * q_tile * item + (2 * key_tiles + 8) * 4 + d * item
     sbuf += (lead + q_prefetch + lag_close + 2) * per_query_tile
@@ -443,6 +577,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     b, h, hkv = problem["b"], problem["h"], problem["hkv"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     causal = bool(problem.get("causal", False))
+    window = (problem.get("window_left", -1), problem.get("window_right", -1))
+    left, right = window_bounds(causal, window)
+    softcap = float(problem.get("softcap", 0.0))
     scale = resolve_scale(problem.get("scale"), d)
     if config.load_transpose == "dma":
         target.check_dma_transpose(OP, "config load_transpose", dtype, ITEMSIZE[dtype])
@@ -489,7 +626,15 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     if softmax == "two_pass":
         lags = (lead, q_prefetch, lag_pv, lag_close)
         sbuf, banks = _two_pass_budget(
-            sk, d, d_tiles, q_tile, item, causal, config, kv_chunks, lags
+            sk,
+            d,
+            d_tiles,
+            q_tile,
+            item,
+            left >= 0 or right >= 0 or softcap > 0,
+            config,
+            kv_chunks,
+            lags,
         )
     return FlashAttentionPlan(
         b=b,
@@ -499,6 +644,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         sk=sk,
         d=d,
         causal=causal,
+        left=left,
+        right=right,
+        softcap=softcap,
         scale=scale,
         q_tile=q_tile,
         d_tile=d_tile,
@@ -522,7 +670,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         q_prefetch=q_prefetch,
         lnc=lnc,
         core_groups=split_groups(
-            b, hkv, h // hkv, *query_tiles(h // hkv, sq, sk, q_tile, causal), lnc
+            b, hkv, h // hkv, *query_tiles(h // hkv, sq, sk, q_tile, causal, window), lnc
         ),
         sbuf_bytes=sbuf,
         psum_banks=banks,
@@ -548,21 +696,36 @@ def matmul_over_d(dst, stationary_t, s0, n_s, moving_t, m0, n_m, plan):
         )
 
 
-def mask_causal(tile, n_k, q0, k0, plan, fill):
-    """Set the entries of the SBUF score-shaped ``tile [rows, n_k]`` (query ``q0 + p`` on
+def mask_window(tile, n_q, n_k, q0, k0, plan, fill):
+    """Set the entries of the SBUF score-shaped ``tile [n_q, n_k]`` (query ``q0 + p`` on
     partition ``p``, key ``k0 + f`` in column ``f``) whose query does not see its key to
-    ``fill``, in place on GpSimd (which cannot read PSUM): the forward masks scaled scores
-    with :data:`MASK_FILL` before the row max, the backward masks P with 0."""
-    # keep key k0 + f for query q0 + p iff (q0 + Sk - Sq - k0) + p - f >= 0
-    nisa.affine_select(
-        dst=tile,
-        pattern=[[-1, n_k]],
-        channel_multiplier=1,
-        on_true_tile=tile,
-        on_false_value=fill,
-        cmp_op=nl.greater_equal,
-        offset=q0 + plan.sk - plan.sq - k0,
-    )
+    ``fill``, in place on GpSimd (which cannot read PSUM): one ``affine_select`` per window
+    edge that crosses the tile (the right one: the causal diagonal, or ``right`` keys past
+    it; the left one: ``left`` keys before it), decided at trace time. The forward masks
+    scaled scores with :data:`MASK_FILL` before the row max, the backward masks P with 0."""
+    off = plan.sk - plan.sq
+    if plan.right >= 0 and k0 + n_k > q0 + off + plan.right + 1:
+        # keep key k0 + f for query q0 + p iff (q0 + off + right - k0) + p - f >= 0
+        nisa.affine_select(
+            dst=tile,
+            pattern=[[-1, n_k]],
+            channel_multiplier=1,
+            on_true_tile=tile,
+            on_false_value=fill,
+            cmp_op=nl.greater_equal,
+            offset=q0 + off + plan.right - k0,
+        )
+    if plan.left >= 0 and k0 < q0 + n_q - 1 + off - plan.left:
+        # keep key k0 + f for query q0 + p iff (k0 - q0 - off + left) - p + f >= 0
+        nisa.affine_select(
+            dst=tile,
+            pattern=[[1, n_k]],
+            channel_multiplier=-1,
+            on_true_tile=tile,
+            on_false_value=fill,
+            cmp_op=nl.greater_equal,
+            offset=k0 - q0 - off + plan.left,
+        )
 
 
 def transpose_blocks(dst, src, rows, cols, plan):
@@ -580,6 +743,11 @@ def transpose_blocks(dst, src, rows, cols, plan):
 
 
 # -- the NKI kernel ------------------------------------------------------------------------
+
+
+def _bounds(plan):
+    """The plan's window ``(left, right)``, causal folded in."""
+    return (plan.left, plan.right)
 
 
 def _load_transposed(src, dst, rows, plan, hwdge=False):
@@ -675,24 +843,45 @@ def _evacuate_p(p_t, qs, ks, q_dtype, plan):
     return out
 
 
-def _scaled_causal_scores(s_ps, qs, ks, q0, k0, plan):
-    """``scale * S`` of a score tile crossing the causal diagonal, copied out of PSUM
-    (VectorE) into SBUF and masked there with :data:`MASK_FILL` (GpSimd cannot read PSUM):
-    the source of its row max and, with scale 1, of its exp. Both softmaxes mask this way."""
+def stored_scale(plan) -> float:
+    """The exp's scale of scores kept in SBUF (:func:`_stored_scores`): 1 for ``scale * S``,
+    ``softcap`` for ``tanh(scale * S / softcap)``."""
+    return plan.softcap if plan.softcap else 1.0
+
+
+def masked_fill(plan) -> float:
+    """What masked stored scores become: :data:`MASK_FILL`, or with a softcap (the stored
+    value is ``t = tanh(.)``, the exp's input ``softcap * t``) ``min(-2, MASK_FILL /
+    softcap)``: ``softcap * fill`` is at most -1e30 and at least ``softcap`` below any capped
+    score (all in ``[-softcap, softcap]``), so its exp is 0 at every softcap."""
+    return min(-2.0, MASK_FILL / plan.softcap) if plan.softcap else MASK_FILL
+
+
+def _stored_scores(s_ps, qs, ks, q0, k0, plan):
+    """A score tile kept in SBUF: ``scale * S`` copied out of PSUM (VectorE), or with a
+    softcap ``t = tanh(scale * S / softcap)`` (ScalarE's tanh, reading PSUM; the exp then
+    takes ``softcap * t``); masked there with :func:`masked_fill` where a window edge
+    crosses it (GpSimd cannot read PSUM). The source of its row max and of its exp, at
+    the exp scale :func:`stored_scale`. Both softmaxes keep scores this way."""
     s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
-    nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
-    mask_causal(s_sb, ks, q0, k0, plan, MASK_FILL)
+    if plan.softcap:
+        nisa.activation(dst=s_sb, op=nl.tanh, data=s_ps, scale=plan.scale / plan.softcap)
+    else:
+        nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
+    if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
+        mask_window(s_sb, qs, ks, q0, k0, plan, masked_fill(plan))
     return s_sb
 
 
 def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
     """One key tile's scores: (source of its row max and exp, the exp's scale). Tiles
-    crossing the causal diagonal are scaled into SBUF and masked there (the scale is then
-    1); the others stay raw in PSUM with the softmax scale."""
+    crossing a window edge are scaled into SBUF and masked there (the scale is then 1);
+    the others stay raw in PSUM with the softmax scale."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, q_t, 0, qs, kt, kk0, ks, plan)
-    if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, plan.causal) == "some":
-        return _scaled_causal_scores(s_ps, qs, ks, q0, k0, plan), 1.0
+    seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
+    if seen == "some" or plan.softcap:
+        return _stored_scores(s_ps, qs, ks, q0, k0, plan), stored_scale(plan)
     return s_ps, plan.scale
 
 
@@ -703,7 +892,8 @@ class OnlineTile(nl.NKIObject):
     h: int  # query head
     q0: int  # first query row
     qs: int  # rows (partitions of its score tiles)
-    k_end: int  # keys [0, k_end) are visible to some row (causal: up to the diagonal)
+    k_start: int  # keys [k_start, k_end) are visible to some row (the window's span)
+    k_end: int
     n_dead: int  # leading rows that see no key (causal with Sq > Sk): out 0, lse -inf
     q_t: object  # [d_tile, d_tiles, qs] q^T in SBUF, None when no key is visible
     neg_max: object  # [qs, 1] fp32 -running max of the key tiles folded so far, or None
@@ -732,18 +922,19 @@ class OnlineStep(nl.NKIObject):
 
 
 def _dead_rows(q0, qs, plan):
-    """Leading rows of the query tile at ``q0`` that see no key: causal with Sq > Sk, the
-    rows before ``Sq - Sk`` (their out is 0 and lse -inf)."""
-    return min(qs, max(0, plan.sq - plan.sk - q0)) if plan.causal else 0
+    """Leading rows of the query tile at ``q0`` that see no key (:func:`dead_rows`): their
+    out is 0 and lse -inf."""
+    return dead_rows(q0, qs, plan.sq, plan.sk, _bounds(plan))
 
 
 def _open_query_tile(q, b, h, q0, plan):
     """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T."""
     qs = min(plan.q_tile, plan.sq - q0)
-    # Keys j < k_end are visible to some row of the tile; rows i < Sq - Sk see none.
-    _, k_end = causal_key_bounds(q0, qs, plan.sq, plan.sk, plan.causal)
-    state = OnlineTile(h, q0, qs, k_end, _dead_rows(q0, qs, plan), None, None, None, None, None)
-    if k_end > 0:
+    # Keys in [k_start, k_end) are visible to some row of the tile.
+    k_start, k_end, _, _ = key_bounds(q0, qs, plan.sq, plan.sk, _bounds(plan))
+    n_dead = _dead_rows(q0, qs, plan)
+    state = OnlineTile(h, q0, qs, k_start, k_end, n_dead, None, None, None, None, None)
+    if k_end > k_start:
         q_t = nl.ndarray(
             (min(plan.d_tile, plan.d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
         )
@@ -752,15 +943,16 @@ def _open_query_tile(q, b, h, q0, plan):
     return state
 
 
-def _front(states, kt, r0, kk0, plan):
-    """The first half of one key tile (keys ``r0 + kk0 ..``) for every query tile in
-    ``states`` that sees it: scores on TensorE, their row max and the new running max on
-    VectorE. Returns the per-tile records the second half (:func:`_back`) consumes."""
+def _front(states, kt, r0, rows, kk0, plan):
+    """The first half of one key tile (keys ``r0 + kk0 ..`` of the block of ``rows`` keys
+    at ``r0``) for every query tile in ``states`` that sees it: scores on TensorE, their
+    row max and the new running max on VectorE. Returns the per-tile records the second
+    half (:func:`_back`) consumes."""
     k0 = r0 + kk0
     work = []
     for s in states:
-        if k0 < s.k_end:
-            ks = min(plan.k_tile, plan.kv_block - kk0, plan.sk - k0, s.k_end - k0)
+        ks = min(plan.k_tile, rows - kk0, s.k_end - k0)
+        if k0 < s.k_end and k0 + ks > s.k_start:
             work.append(
                 OnlineStep(s, ks, kk0, None, 1.0, None, None, None, None, None, None, None, None)
             )
@@ -915,15 +1107,25 @@ def _close_query_tile(s, out, lse, b, plan):
 def _key_tiles(states, plan):
     """``(r0, rows, kk0)`` for each key tile some query tile in ``states`` sees: the K/V
     block's first key and row count, and the tile's offset in the block (``kk0 == 0``
-    starts a block, where a streamed block is loaded)."""
-    k_end = 0
+    starts a block, where a streamed block is loaded). The walk covers the keys the
+    states see, from the first one's 128-key chunk (V's chunks, which P V reads, start
+    on multiples of 128): resident K/V is one block from key 0; streamed blocks of up to
+    ``kv_block`` rows start there and end at the last key seen, so a window's (or the
+    causal diagonal's) tiles load only the keys they span."""
+    k_start, k_end = plan.sk, 0
     for s in states:
-        k_end = max(k_end, s.k_end)
+        if s.k_end > s.k_start:
+            k_start, k_end = min(k_start, s.k_start), max(k_end, s.k_end)
     out = []
-    for r0, rows in tiled(plan.sk, plan.kv_block):
-        if r0 >= k_end:
-            break
-        for kk0, _ in tiled(min(rows, k_end - r0), plan.k_tile):
+    if k_end <= k_start:
+        return out
+    first = k_start // plan.d_tile * plan.d_tile
+    if plan.kv_blocks == 1:  # resident: one block of every key
+        for kk0, _ in tiled(k_end, plan.k_tile, first):
+            out.append((0, plan.sk, kk0))
+        return out
+    for r0, rows in tiled(k_end, plan.kv_block, first):
+        for kk0, _ in tiled(rows, plan.k_tile):
             out.append((r0, rows, kk0))
     return out
 
@@ -954,7 +1156,7 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
         for r0, rows, kk0 in _key_tiles(states, plan):
             if kv is None and kk0 == 0:  # a streamed K/V block loads as the walk reaches it
                 kt, vb = _load_kv_block(k, v, b, kvh, r0, rows, plan)
-            work = _front(states, kt, r0, kk0, plan)
+            work = _front(states, kt, r0, rows, kk0, plan)
             if pending is not None:
                 _drain(pending, out, lse, b, q.dtype, plan)
             pending = (work, vb, None)
@@ -997,22 +1199,28 @@ class QueryTile(nl.NKIObject):
 def _query_tile(h, q0, plan):
     """The tile's key tiles, split by where their max is taken; no instruction yet."""
     qs = min(plan.q_tile, plan.sq - q0)
-    k_all, k_end = causal_key_bounds(q0, qs, plan.sq, plan.sk, plan.causal)
+    bounds = _bounds(plan)
+    k_start, k_end, _, _ = key_bounds(q0, qs, plan.sq, plan.sk, bounds)
     n_dead = _dead_rows(q0, qs, plan)
     keys = []
     n_raw = n_masked = 0
     spans = []
-    for k0, ks in tiled(max(0, k_end), plan.k_tile):
-        # Keys before ``k_all`` are visible to every row; a key tile holding later keys
-        # crosses the diagonal. Its visible head (whole 128-key chunks, so P^T chunks stay
-        # on V's chunks) stays in PSUM; only the rest is scaled and masked in SBUF.
-        masked = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, plan.causal) == "some"
-        head = (k_all - k0) // plan.d_tile * plan.d_tile
-        if masked and 0 < head < ks:
-            spans.append((k0, head, False))
-            spans.append((k0 + head, ks - head, True))
-        else:
-            spans.append((k0, ks, masked))
+    first = k_start // plan.d_tile * plan.d_tile  # on V's 128-key chunks
+    for k0, ks in tiled(k_end if k_end > k_start else 0, plan.k_tile, first):
+        # A key tile a window edge crosses: its 128-key chunks every row sees (whole
+        # chunks, so P^T chunks stay on V's chunks) stay in PSUM; only the chunks an edge
+        # crosses (before and after them) are scaled and masked in SBUF.
+        seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, bounds)
+        if seen != "some" or plan.softcap:  # softcap: every tile's tanh is kept in SBUF
+            spans.append((k0, ks, bool(plan.softcap)))
+            continue
+        for c0, cs in tiled(k0 + ks, plan.d_tile, k0):
+            masked = tile_visibility(q0, qs, c0, cs, plan.sq, plan.sk, bounds) != "all"
+            if spans and spans[-1][2] == masked and spans[-1][0] + spans[-1][1] == c0:
+                if spans[-1][0] >= k0:  # merge within this key tile only
+                    spans[-1] = (spans[-1][0], spans[-1][1] + cs, masked)
+                    continue
+            spans.append((c0, cs, masked))
     for k0, ks, masked in spans:
         if masked:
             keys.append((k0, ks, True, n_masked))
@@ -1082,7 +1290,7 @@ def _max_step(q, b, qt, j, kt, plan):
             axis=1,
         )
         return
-    s_sb = _scaled_causal_scores(s_ps, qs, ks, qt.q0, k0, plan)
+    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan)
     nisa.tensor_reduce(dst=qt.ext_masked[0:qs, col : col + 1], op=nl.max, data=s_sb, axis=1)
     qt.masked[j] = s_sb
 
@@ -1094,7 +1302,12 @@ def _row_max(qt, plan):
     neg_masked = None
     if qt.n_masked:
         neg_masked = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_masked")
-        nisa.tensor_reduce(dst=neg_masked, op=nl.max, data=qt.ext_masked, axis=1, negate=True)
+        if plan.softcap:  # the stored t = tanh(.): -max(softcap * t) = -softcap * max(t)
+            t_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="t_max")
+            nisa.tensor_reduce(dst=t_max, op=nl.max, data=qt.ext_masked, axis=1)
+            nisa.tensor_scalar(dst=neg_masked, data=t_max, op0=nl.multiply, operand0=-plan.softcap)
+        else:
+            nisa.tensor_reduce(dst=neg_masked, op=nl.max, data=qt.ext_masked, axis=1, negate=True)
     if qt.n_raw:
         ext = qt.ext
         if qt.n_raw > 1:
@@ -1130,7 +1343,7 @@ def _exp_step(qt, j, kt, q_dtype, plan):
         qt.row_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="row_sum")
     k0, ks, masked, _ = qt.keys[j]
     if masked:
-        src, act_scale = qt.masked[j], 1.0
+        src, act_scale = qt.masked[j], stored_scale(plan)
     else:
         src, act_scale = _scores(qt, kt, k0, ks, plan), plan.scale
     p_sb = nl.ndarray((qs, ks), dtype=q_dtype, buffer=nl.sbuf, name="p")
@@ -1310,10 +1523,15 @@ def flash_attention_fwd_kernel(q, k, v, plan):
 # -- op-level glue: problem, launch, inputs ---------------------------------------------------
 
 
-def problem(q, k, v, causal=False, softmax_scale=None) -> dict:
+def problem(
+    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+) -> dict:
     """The sizes that select configs and limits (shape syntax ``BxHxHKVxSQxSKxD``), plus
-    ``causal`` and the softmax ``scale`` in use (``None``: 1/sqrt(D))."""
+    ``causal``, the softmax ``scale`` in use (``None``: 1/sqrt(D)), the window's sides
+    (``window_left``, ``window_right``; -1 unbounded), ``softcap`` (0: off) and whether
+    there are ``sinks``."""
     b, h, sq, d = q.shape
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     return {
         "b": b,
         "h": h,
@@ -1323,10 +1541,14 @@ def problem(q, k, v, causal=False, softmax_scale=None) -> dict:
         "d": d,
         "causal": bool(causal),
         "scale": softmax_scale,
+        "window_left": left,
+        "window_right": right,
+        "softcap": float(softcap),
+        "sinks": sinks is not None,
     }
 
 
-def _forward_kernels(q, k, v, causal, softmax_scale, config, runner, op):
+def _forward_kernels(q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, op):
     """``(out, lse)`` through the forward kernel; empty shapes and Sk = 0 (every row masked)
     never launch it."""
     b, h, sq, d = q.shape
@@ -1334,10 +1556,14 @@ def _forward_kernels(q, k, v, causal, softmax_scale, config, runner, op):
     if b == 0 or h == 0 or sq == 0 or sk == 0:
         out = torch.zeros((b, h, sq, d), dtype=q.dtype, device=q.device)
         lse = torch.full((b, h, sq), float("-inf"), dtype=torch.float32, device=q.device)
+        if sinks is not None:  # a row that sees no key: lse = its head's sink
+            lse = sinks.float().reshape(1, h, 1).expand(b, h, sq).contiguous()
         return out, lse
     spec = REGISTRY_BY_NAME[op]
+    if sinks is not None:
+        raise LimitError(op, "sinks", "is not in the kernel yet (reference only)", "a tensor")
     tiles = spec.check(
-        problem(q, k, v, causal, softmax_scale),
+        problem(q, k, v, causal, softmax_scale, window, softcap, sinks),
         dtype_name(q),
         config,
         runner.target,
@@ -1355,12 +1581,17 @@ def run_kernels_fwd(
     v: torch.Tensor,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window: list[int] | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     *,
     config: FlashAttentionConfig,
     runner,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [B, H, Sq, D], lse [B, H, Sq] fp32)`` for BHSD q, k, v."""
-    return _forward_kernels(q, k, v, causal, softmax_scale, config, runner, FWD_OP)
+    return _forward_kernels(
+        q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, FWD_OP
+    )
 
 
 def run_kernels(
@@ -1369,48 +1600,94 @@ def run_kernels(
     v: torch.Tensor,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window: list[int] | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     *,
     config: FlashAttentionConfig,
     runner,
 ) -> torch.Tensor:
     """``out [B, H, Sq, D]`` for BHSD q, k, v."""
-    return _forward_kernels(q, k, v, causal, softmax_scale, config, runner, OP)[0]
+    return _forward_kernels(
+        q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, OP
+    )[0]
 
 
-def reference_fwd(q, k, v, causal=False, softmax_scale=None, upcast=True):
+def reference_fwd(
+    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None, upcast=True
+):
     """``(out, lse)``: :func:`attention_reference`."""
-    return attention_reference(q, k, v, causal, softmax_scale, upcast)
+    return attention_reference(q, k, v, causal, softmax_scale, window, softcap, sinks, upcast)
 
 
-def reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
+def reference(
+    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None, upcast=True
+):
     """``out``: the first output of :func:`attention_reference`."""
-    return attention_reference(q, k, v, causal, softmax_scale, upcast)[0]
+    return attention_reference(q, k, v, causal, softmax_scale, window, softcap, sinks, upcast)[0]
 
 
 def _validate(op):
-    def validate(q, k, v, causal=False, softmax_scale=None) -> None:
-        validate_attention(op, q, k, v, causal, softmax_scale)
+    def validate(
+        q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+    ) -> None:
+        validate_attention(op, q, k, v, causal, softmax_scale, window, softcap, sinks)
 
     validate.__doc__ = f"Refuse bad {op} input before any work (:func:`validate_attention`)."
     return validate
 
 
+def draw_features(problem: dict, h: int, generator: torch.Generator) -> tuple:
+    """``(window, softcap, sinks)`` of ``problem``: ``window_left``/``window_right`` (a
+    negative value, as drawn, is -1: unbounded; both unbounded is None), ``softcap`` and,
+    when ``sinks`` is set, sinks ~ N(0, 2^2) fp32 per query head, drawn after every other
+    input (so problems without them draw the inputs they always did)."""
+    left, right = int(problem.get("window_left", -1)), int(problem.get("window_right", -1))
+    left, right = max(-1, left), max(-1, right)
+    window = None if (left, right) == (-1, -1) else (left, right)
+    softcap = float(problem.get("softcap", 0.0))
+    sinks = torch.randn(h, generator=generator) * 2.0 if problem.get("sinks") else None
+    return window, softcap, sinks
+
+
 def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     """q, k, v ~ N(0, 1) in ``dtype`` (scores O(1) at the default scale), causal and scale
-    from ``problem``. H is rounded down to a multiple of Hkv (at least Hkv), so that any
-    drawn (H, Hkv) is a valid GQA problem."""
+    from ``problem``, and its window, softcap and sinks (:func:`draw_features`). H is
+    rounded down to a multiple of Hkv (at least Hkv), so that any drawn (H, Hkv) is a
+    valid GQA problem."""
     b, hkv, sq, sk, d = (problem[x] for x in ("b", "hkv", "sq", "sk", "d"))
     h = max(hkv, problem["h"] - problem["h"] % hkv) if hkv else problem["h"]
     t = getattr(torch, dtype)
     q = torch.randn(b, h, sq, d, generator=generator).to(t)
     k = torch.randn(b, hkv, sk, d, generator=generator).to(t)
     v = torch.randn(b, hkv, sk, d, generator=generator).to(t)
-    return q, k, v, bool(problem.get("causal", False)), problem.get("scale")
+    window, softcap, sinks = draw_features(problem, h, generator)
+    causal = bool(problem.get("causal", False))
+    return q, k, v, causal, problem.get("scale"), window, softcap, sinks
+
+
+def feature_suffix(problem: dict) -> str:
+    """The shape-bucket suffix of the window, softcap and sinks: empty for plain attention
+    (so its buckets, and the configs tuned under them, stay as they were); the window by
+    its sides in effect (causal folded in: they fix which tiles run), softcap and sinks by
+    being on (their values do not change the tiles)."""
+    causal = bool(problem.get("causal"))
+    window = (problem.get("window_left", -1), problem.get("window_right", -1))
+    left, right = window_bounds(causal, window)
+    out = ""
+    if (left, right) != window_bounds(causal, None):
+        out += f"_wl{left}_wr{right}"
+    if problem.get("softcap"):
+        out += "_softcap"
+    if problem.get("sinks"):
+        out += "_sinks"
+    return out
 
 
 def shape_bucket(problem: dict) -> str:
     """Sizes rounded up to powers of two (Sq, Sk at least 128), exact H, Hkv and D (they
-    fix the kernel's loops), causal; the scale does not change the tiles."""
+    fix the kernel's loops), causal, then :func:`feature_suffix`; the scale does not change
+    the tiles."""
 
     def pow2(x: int) -> int:
         return max(128, 1 << (max(1, x) - 1).bit_length())
@@ -1418,6 +1695,7 @@ def shape_bucket(problem: dict) -> str:
     return (
         f"b{pow2(problem['b'])}_h{problem['h']}_hkv{problem['hkv']}_sq{pow2(problem['sq'])}"
         f"_sk{pow2(problem['sk'])}_d{problem['d']}_causal{str(bool(problem.get('causal'))).lower()}"
+        + feature_suffix(problem)
     )
 
 
@@ -1455,35 +1733,62 @@ def _bad_inputs(op):
             ((q, kv, kv.half()), "v dtype"),
             ((q, kv, f(1, 2, 8, 16, device="meta")), "v device"),
             ((q, kv, kv, False, float("nan")), "softmax_scale"),
+            ((q, kv, kv, False, None, [4]), "window"),
+            ((q, kv, kv, False, None, [4, 2, 1]), "window"),
+            ((q, kv, kv, False, None, [-2, 3]), "window"),
+            ((q, kv, kv, True, None, [3, -5]), "window"),
+            ((q, kv, kv, False, None, None, -1.0), "softcap"),
+            ((q, kv, kv, False, None, None, float("nan")), "softcap"),
+            ((q, kv, kv, False, None, None, float("inf")), "softcap"),
+            ((q, kv, kv, False, None, None, 0.0, f(3)), "sinks shape"),
+            ((q, kv, kv, False, None, None, 0.0, f(4, 1)), "sinks shape"),
+            ((q, kv, kv, False, None, None, 0.0, f(4, dtype=torch.bfloat16)), "sinks dtype"),
+            ((q, kv, kv, False, None, None, 0.0, f(4, device="meta")), "sinks device"),
         ]
 
     return bad_inputs
 
 
-def composite(q, k, v, causal=False, softmax_scale=None):
+def composite(q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None):
     """The public op as torch runs it: the forward's ``out``; autograd saves its ``lse``."""
-    return torch.ops.neuron.flash_attention_fwd(q, k, v, causal, softmax_scale)[0]
+    return torch.ops.neuron.flash_attention_fwd(
+        q, k, v, causal, softmax_scale, window, softcap, sinks
+    )[0]
 
 
-def _setup_context(ctx, q, k, v, causal, softmax_scale, output):
+def _setup_context(ctx, q, k, v, causal, softmax_scale, window, softcap, sinks, output):
     out, lse = output
     ctx.causal, ctx.softmax_scale = causal, softmax_scale
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.window, ctx.softcap = window, softcap
+    ctx.has_sinks = sinks is not None
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    """dq, dk, dv from the backward op, with the forward's saved out and lse (no
-    recomputed forward). ``lse`` is marked non-differentiable."""
-    q, k, v, out, lse = ctx.saved_tensors
+    """dq, dk, dv and dsinks (in sinks' dtype) from the backward op, with the forward's
+    saved out and lse (no recomputed forward). ``lse`` is marked non-differentiable."""
+    q, k, v, out, lse, sinks = ctx.saved_tensors
     if q.numel() == 0 or k.shape[2] == 0:  # nothing attended: every gradient is zero
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None
+        dsinks = torch.zeros_like(sinks) if ctx.has_sinks else None
+        zeros = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        return (*zeros, None, None, None, None, dsinks)
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.neuron.flash_attention_bwd(
-        grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale
+    dq, dk, dv, dsinks = torch.ops.neuron.flash_attention_bwd(
+        grad_out.contiguous(),
+        q,
+        k,
+        v,
+        out,
+        lse,
+        ctx.causal,
+        ctx.softmax_scale,
+        ctx.window,
+        ctx.softcap,
+        sinks,
     )
-    return dq, dk, dv, None, None
+    return dq, dk, dv, None, None, None, None, dsinks.to(sinks.dtype) if ctx.has_sinks else None
 
 
 _TOLERANCES = {

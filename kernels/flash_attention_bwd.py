@@ -63,14 +63,17 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
     attention_reference,
-    causal_key_bounds,
-    causal_visible,
-    mask_causal,
+    draw_features,
+    feature_suffix,
+    key_bounds,
+    mask_window,
     matmul_over_d,
     resolve_scale,
     tile_visibility,
     transpose_blocks,
     validate_attention,
+    visible,
+    window_bounds,
 )
 from neuron_kernels.kernels.spec import (
     ITEMSIZE,
@@ -193,6 +196,9 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     sk: int
     d: int
     causal: bool
+    left: int  # keys a query sees before its diagonal, -1 unbounded (window_bounds)
+    right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
+    softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
     tile_q: int  # query rows per tile (partitions of the score tiles)
     tile_k: int  # keys per tile
     q_block: int  # query tiles per pass
@@ -233,6 +239,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     causal = bool(problem.get("causal", False))
+    window = (problem.get("window_left", -1), problem.get("window_right", -1))
+    bounds = window_bounds(causal, window)
     item = ITEMSIZE[dtype]
     tq = target.pmax
     tk = min(config.tile_k, target.pmax)
@@ -280,6 +288,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         sk=sk,
         d=d,
         causal=causal,
+        left=bounds[0],
+        right=bounds[1],
+        softcap=float(problem.get("softcap", 0.0)),
         tile_q=tq,
         tile_k=tk,
         q_block=config.q_block,
@@ -295,31 +306,32 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         lag_q=PIPELINE_LAG_Q,
         pe_transpose_keeps_dtype=target.has_transpose_mode,
         lnc=lnc,
-        core_groups=_core_groups(b, hkv, groups, sq, sk, tq, config.q_block, causal, lnc),
+        core_groups=_core_groups(b, hkv, groups, sq, sk, tq, config.q_block, bounds, lnc),
         split_groups=(b * hkv) % lnc if lnc > 1 else 0,
         sbuf_bytes=sbuf,
         psum_banks=banks,
     )
 
 
-def _query_passes(groups, sq, sk, tq, q_block, causal):
+def _query_passes(groups, sq, sk, tq, q_block, bounds):
     """A KV group's query passes ``(head within the group, first tile, tiles)`` in the
-    kernel's order, and each one's cost: the keys its query rows see (all of Sk, or up to
-    the causal diagonal, aligned bottom-right) plus one tile of fixed work per query tile."""
+    kernel's order, and each one's cost: the keys its query rows see (all of Sk, or those
+    within the window ``bounds``, aligned bottom-right) plus one tile of fixed work per
+    query tile."""
     passes, costs = [], []
     tiles = tiled(sq, tq)
     for g in range(groups):
         for p0, n_pass in tiled(len(tiles), q_block):
             cost = 0
             for q0, n_q in tiles[p0 : p0 + n_pass]:
-                _, k_end = causal_key_bounds(q0, n_q, sq, sk, causal)
-                cost += max(0, k_end) + tq
+                k_start, k_end, _, _ = key_bounds(q0, n_q, sq, sk, bounds)
+                cost += max(0, k_end - k_start) + tq
             passes.append((g, p0, n_pass))
             costs.append(cost)
     return passes, costs
 
 
-def _core_groups(b, hkv, groups, sq, sk, tq, q_block, causal, lnc) -> tuple:
+def _core_groups(b, hkv, groups, sq, sk, tq, q_block, bounds, lnc) -> tuple:
     """Each core's ``(b, kv head, query passes, split slot)``: whole (batch, KV head)
     groups round robin while every core gets one (slot -1: the core writes the group's dK
     and dV); the groups left over (fewer than the cores) split by their query passes,
@@ -327,7 +339,7 @@ def _core_groups(b, hkv, groups, sq, sk, tq, q_block, causal, lnc) -> tuple:
     ``slot`` (the op adds the cores' partials in core order). At LNC=1 every group is whole,
     with all its passes in the LNC=1 order."""
     all_groups = [(bb, kvh) for bb in range(b) for kvh in range(hkv)]
-    passes, costs = _query_passes(groups, sq, sk, tq, q_block, causal)
+    passes, costs = _query_passes(groups, sq, sk, tq, q_block, bounds)
     whole = len(all_groups) - len(all_groups) % lnc
     shares = [[] for _ in range(lnc)]
     for i in range(whole):
@@ -469,19 +481,54 @@ def _scores(qs, kv, pair, scale, plan):
     s = s_dp[:, 0, :]
     matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
+    src, exp_scale = s[0:n_q, 0:n_k], scale
+    if plan.softcap:  # t = tanh(scale * S / softcap) (ScalarE, from PSUM); P = exp(softcap t - lse)
+        tanh_s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
+        nisa.activation(dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=src, scale=scale / plan.softcap)
+        src, exp_scale = tanh_s[0:n_q, 0:n_k], plan.softcap
     nisa.activation(
         dst=p[0:n_q, 0:n_k],
         op=nl.exp,
-        data=s[0:n_q, 0:n_k],
+        data=src,
         bias=qs.neg_lse[0:n_q, t : t + 1],
-        scale=scale,
+        scale=exp_scale,
     )
     if pair.seen == "some":
-        mask_causal(p[0:n_q, 0:n_k], n_k, pair.q0, pair.k0, plan, 0.0)
+        mask_window(p[0:n_q, 0:n_k], n_q, n_k, pair.q0, pair.k0, plan, 0.0)
     dp = s_dp[:, 1, :]
     matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, 0, n_k, plan)
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
     neg_d = qs.neg_dvec[0:n_q, t : t + 1]
+    if plan.softcap:
+        # dS = P (1 - t^2) (dP - D): t^2 on GpSimd, P (1 - t^2) in fp32 and then dS from
+        # PSUM on VectorE (ScalarE already took the tanh, so not dP - D as "split" does).
+        t2 = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="tanh_sq")
+        nisa.tensor_tensor(
+            dst=t2[0:n_q, 0:n_k],
+            data1=tanh_s[0:n_q, 0:n_k],
+            data2=tanh_s[0:n_q, 0:n_k],
+            op=nl.multiply,
+            engine=nisa.engine.gpsimd,
+        )
+        pg = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="p_dtanh")
+        nisa.scalar_tensor_tensor(
+            dst=pg[0:n_q, 0:n_k],
+            data=t2[0:n_q, 0:n_k],
+            op0=nl.subtract,
+            operand0=1.0,
+            reverse0=True,
+            op1=nl.multiply,
+            operand1=p[0:n_q, 0:n_k],
+        )
+        nisa.scalar_tensor_tensor(
+            dst=ds[0:n_q, 0:n_k],
+            data=dp[0:n_q, 0:n_k],
+            op0=nl.add,
+            operand0=neg_d,
+            op1=nl.multiply,
+            operand1=pg[0:n_q, 0:n_k],
+        )
+        return PairTiles(p=p, ds=ds, ds_t=None)
     split = plan.elementwise == "split" or (plan.elementwise == "balanced" and (t + j) % 2 == 0)
     if split:
         # ScalarE: dP - D out of PSUM; VectorE: one SBUF x SBUF multiply by P.
@@ -609,8 +656,8 @@ def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
         do_src=[],
     )
     for t, (q0, n_q) in enumerate(tiled(plan.sq, tq)[p0 : p0 + n_tiles]):
-        _, k_end = causal_key_bounds(q0, n_q, plan.sq, plan.sk, plan.causal)
-        if k_end <= 0:  # no row of the tile sees a key: its dq is zero
+        k_start, k_end, _, _ = key_bounds(q0, n_q, plan.sq, plan.sk, (plan.left, plan.right))
+        if k_end <= k_start:  # no row of the tile sees a key: its dq is zero
             continue
         qs.live.append((t, n_q))
         qs.q_src.append(q[b, h, q0 : q0 + n_q, :])
@@ -730,7 +777,7 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
         t, j = tj
         q0, k0 = (p0 + t) * tq, j * tk
         n_q, n_k = min(tq, plan.sq - q0), min(tk, plan.sk - k0)
-        seen = tile_visibility(q0, n_q, k0, n_k, plan.sq, plan.sk, plan.causal)
+        seen = tile_visibility(q0, n_q, k0, n_k, plan.sq, plan.sk, (plan.left, plan.right))
         if seen != "none":
             pairs.append(TilePair(t=t, j=j, q0=q0, n_q=n_q, k0=k0, n_k=n_k, seen=seen))
     return pairs
@@ -917,10 +964,23 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
 # -- op-level glue: shapes, limits, reference -------------------------------------------------
 
 
-def validate(dout, q, k, v, out, lse, causal=False, softmax_scale=None) -> None:
-    """Refuse bad op input before any work: the attention checks on (q, k, v), then dout and
-    out shaped, typed and placed as q, and lse ``[B, H, Sq]`` float32 on q's device."""
-    validate_attention(OP, q, k, v, causal, softmax_scale)
+def validate(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+) -> None:
+    """Refuse bad op input before any work: the attention checks on (q, k, v) and the
+    window, softcap and sinks, then dout and out shaped, typed and placed as q, and lse
+    ``[B, H, Sq]`` float32 on q's device."""
+    validate_attention(OP, q, k, v, causal, softmax_scale, window, softcap, sinks)
     for arg, t in (("dout", dout), ("out", out), ("lse", lse)):
         if not isinstance(t, torch.Tensor):
             raise LimitError(OP, arg, "must be a torch.Tensor", type(t).__name__)
@@ -945,18 +1005,75 @@ def validate(dout, q, k, v, out, lse, causal=False, softmax_scale=None) -> None:
             )
 
 
-def problem(dout, q, k, v, out, lse, causal=False, softmax_scale=None) -> dict:
+def problem(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+) -> dict:
+    """Sizes (shape syntax ``BxHKVxGROUPSxSQxSKxD``), ``causal``, then the window's sides,
+    ``softcap`` and whether there are ``sinks`` (as the forward's :func:`problem`)."""
     b, h, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     groups = h // hkv if hkv else 0
-    return {"b": b, "hkv": hkv, "groups": groups, "sq": sq, "sk": sk, "d": d, "causal": causal}
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    return {
+        "b": b,
+        "hkv": hkv,
+        "groups": groups,
+        "sq": sq,
+        "sk": sk,
+        "d": d,
+        "causal": causal,
+        "window_left": left,
+        "window_right": right,
+        "softcap": float(softcap),
+        "sinks": sinks is not None,
+    }
 
 
-def reference(dout, q, k, v, out, lse, causal=False, softmax_scale=None, upcast=True):
-    """``(dq, dk, dv)`` in plain torch from the given ``out`` and ``lse`` (closed form):
-    ``P = exp(scale * QK^T - lse)`` (0 where masked), ``dV = P^T dO``,
-    ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``,
-    dK and dV summed over the query heads of each KV head.
+def shape_bucket(problem: dict) -> str:
+    """Each size rounded up to a power of two (at least 128) and causal, as every op's
+    default bucket, then the forward's :func:`feature_suffix` (empty for plain attention,
+    so its buckets stay as they were)."""
+
+    def pow2(x: int) -> int:
+        return max(128, 1 << (max(1, x) - 1).bit_length())
+
+    dims = ("b", "hkv", "groups", "sq", "sk", "d")
+    base = "_".join(f"{dim}{pow2(problem[dim])}" for dim in dims)
+    return f"{base}_causal{str(bool(problem.get('causal'))).lower()}" + feature_suffix(problem)
+
+
+def reference(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    upcast=True,
+):
+    """``(dq, dk, dv, dsinks)`` in plain torch from the given ``out`` and ``lse`` (closed
+    form): with ``C = softcap * tanh(scale * QK^T / softcap)`` (``scale * QK^T`` without a
+    softcap), ``P = exp(C - lse)`` (0 where masked), ``dV = P^T dO``,
+    ``dC = P * (dO V^T - D)`` with ``D = rowsum(dO * O)``, ``dS = dC * (1 - tanh^2)`` (``dC``
+    without a softcap), ``dQ = scale * dS K``, ``dK = scale * dS^T Q``, dK and dV summed over
+    the query heads of each KV head; ``dsinks_h = -sum_{b,i} exp(sink_h - lse) D`` (a row
+    with ``lse = -inf`` adds 0: it sees nothing, its out and D are 0), in sinks' dtype, and
+    an empty float32 tensor without sinks.
 
     fp64 when ``upcast`` (fp64 outputs), else fp32 math with outputs in the inputs' dtype.
     """
@@ -972,19 +1089,34 @@ def reference(dout, q, k, v, out, lse, causal=False, softmax_scale=None, upcast=
     kc = k.to(compute).unsqueeze(2)  # [B, Hkv, 1, Sk, D]: broadcast over the group
     vc = v.to(compute).unsqueeze(2)
     logits = torch.matmul(qc, kc.transpose(-1, -2)) * scale  # [B, Hkv, G, Sq, Sk]
+    if softcap:
+        capped = torch.tanh(logits / softcap)
+        logits = softcap * capped
     # Fully masked rows (lse = -inf) see no key: any finite shift leaves their P at 0.
     shift = torch.where(torch.isinf(lsec), torch.zeros_like(lsec), lsec)
     p = torch.exp(logits - shift)
-    if causal:
-        p = p.masked_fill(~causal_visible(sq, sk, q.device), 0.0)
+    left, right = window_bounds(causal, window)
+    if left >= 0 or right >= 0:
+        p = p.masked_fill(~visible(sq, sk, causal, window, q.device), 0.0)
     dv = torch.matmul(p.transpose(-1, -2), doc).sum(dim=2)
     dp = torch.matmul(doc, vc.transpose(-1, -2))
-    ds = p * (dp - (doc * oc).sum(dim=-1, keepdim=True))
+    dvec = (doc * oc).sum(dim=-1, keepdim=True)
+    ds = p * (dp - dvec)
+    if softcap:
+        ds = ds * (1 - capped * capped)
     dq = (torch.matmul(ds, kc) * scale).reshape(b, h, sq, d)
     dk = (torch.matmul(ds.transpose(-1, -2), qc) * scale).sum(dim=2)
+    if sinks is None:
+        dsinks = torch.zeros(0, dtype=compute if upcast else torch.float32, device=q.device)
+    else:
+        sink = sinks.to(compute).reshape(1, hkv, groups, 1, 1)
+        w = torch.where(torch.isinf(lsec), torch.zeros_like(lsec), torch.exp(sink - shift))
+        dsinks = -(w * dvec).sum(dim=(0, 3, 4)).reshape(h)
+        if not upcast:
+            dsinks = dsinks.to(sinks.dtype)
     if not upcast:
         dq, dk, dv = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
 
 
 # -- launch from torch -----------------------------------------------------------------------
@@ -999,15 +1131,26 @@ def run_kernels(
     lse: torch.Tensor,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window: list[int] | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     *,
     config: FlashAttentionBwdConfig,
     runner,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the backward kernel; an empty dimension gives zero gradients without a launch."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the backward kernel: ``(dq, dk, dv, dsinks)``, dsinks ``[H]`` in sinks' dtype, or
+    an empty float32 tensor without sinks; an empty dimension gives zero gradients without
+    a launch."""
+    if sinks is None:
+        dsinks = torch.zeros(0, dtype=torch.float32, device=q.device)
+    else:
+        dsinks = torch.zeros_like(sinks)
     if 0 in (*q.shape, k.shape[1], k.shape[2]):
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
+    if sinks is not None:
+        raise LimitError(OP, "sinks", "is not in the kernel yet (reference only)", "a tensor")
     tiles = SPEC.check(
-        problem(dout, q, k, v, out, lse, causal),
+        problem(dout, q, k, v, out, lse, causal, softmax_scale, window, softcap, sinks),
         dtype_name(q),
         config,
         runner.target,
@@ -1036,12 +1179,14 @@ def run_kernels(
                 dk_sum, dv_sum = dk_sum + dk_part[c, slot], dv_sum + dv_part[c, slot]
             dk[b, kvh] = dk_sum.to(dk.dtype)
             dv[b, kvh] = dv_sum.to(dv.dtype)
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
 
 
 def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
-    """``(dout, q, k, v, out, lse, causal, None)``: q, k, v, dout ~ N(0, 1) in ``dtype``,
-    out and lse from the fp64 reference forward (out rounded to ``dtype``, lse fp32)."""
+    """``(dout, q, k, v, out, lse, causal, None, window, softcap, sinks)``: q, k, v, dout
+    ~ N(0, 1) in ``dtype``, the window, softcap and sinks of ``problem`` (the forward's
+    :func:`draw_features`), out and lse from the fp64 reference forward (out rounded to
+    ``dtype``, lse fp32)."""
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     causal = bool(problem.get("causal", False))
@@ -1051,8 +1196,9 @@ def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     k = torch.randn(b, hkv, sk, d, generator=generator).to(tdt)
     v = torch.randn(b, hkv, sk, d, generator=generator).to(tdt)
     dout = torch.randn(b, h, sq, d, generator=generator).to(tdt)
-    o, lse = attention_reference(q, k, v, causal, None, upcast=True)
-    return dout, q, k, v, o.to(tdt), lse.to(torch.float32), causal, None
+    window, softcap, sinks = draw_features(problem, h, generator)
+    o, lse = attention_reference(q, k, v, causal, None, window, softcap, sinks, upcast=True)
+    return dout, q, k, v, o.to(tdt), lse.to(torch.float32), causal, None, window, softcap, sinks
 
 
 def kv_group_slice(problem: dict, lnc: int = 1) -> tuple[dict, int]:
@@ -1096,6 +1242,13 @@ def _bad_inputs():
         (args(lse=f(1, 2, 3, dtype=torch.bfloat16)), "lse dtype"),
         (args(lse=f(1, 2, 3, device="meta")), "lse device"),
         (args(q=f(1, 2, 3, 300), k=f(1, 1, 5, 300), v=f(1, 1, 5, 300)), "head dim"),
+        ((*args(), False, None, [1]), "window"),
+        ((*args(), False, None, [-3, 0]), "window"),
+        ((*args(), False, None, None, -2.0), "softcap"),
+        ((*args(), False, None, None, float("inf")), "softcap"),
+        ((*args(), False, None, None, 0.0, f(3)), "sinks shape"),
+        ((*args(), False, None, None, 0.0, f(2, dtype=torch.float16)), "sinks dtype"),
+        ((*args(), False, None, None, 0.0, f(2, device="meta")), "sinks device"),
     ]
 
 
@@ -1145,6 +1298,7 @@ SPEC = register(
             "large": {"b": 1, "hkv": 1, "groups": 1, "sq": 8192, "sk": 256, "d": 256},
         },
         kernels=(flash_attention_bwd_kernel,),
+        shape_bucket=shape_bucket,
         model_slice=kv_group_slice,
         bad_inputs=_bad_inputs,
         budget_hints={

@@ -1,0 +1,257 @@
+"""Sliding window, logit softcap and attention sinks in the flash attention forward and
+backward kernels (the contract in the docstring of ``kernels/flash_attention.py``).
+
+Forward out and lse, and backward dq, dk, dv (and dsinks), on the interpreter against the
+fp64 references, held to the tolerances the ops declare (``FWD_SPEC.tolerances``,
+``BWD.tolerances``: their reasons hold here unchanged, since every feature is computed in
+fp32 like the scores it changes); the window's fully masked tiles skipped at trace time
+(instruction counts against an independent count of the visible tiles).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from neuron_kernels.kernels import flash_attention as fa
+from neuron_kernels.kernels import flash_attention_bwd as fab
+from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
+
+FWD, BWD = fa.FWD_SPEC, fab.SPEC
+# Window sides at the edges the brief names: 0, 1, the tile edges 127/128/129, wider than
+# any sequence drawn here, and -1 (unbounded).
+SIDES = (-1, 0, 1, 127, 128, 129, 1000)
+SEQS = (1, 127, 128, 129, 200, 300)
+DTYPES = ("float32", "bfloat16")
+
+
+def _fwd_problem(sq, sk, causal, left=-1, right=-1, softcap=0.0, sinks=False, h=2, d=32):
+    return {
+        "b": 1,
+        "h": h,
+        "hkv": 1,
+        "sq": sq,
+        "sk": sk,
+        "d": d,
+        "causal": causal,
+        "window_left": left,
+        "window_right": right,
+        "softcap": softcap,
+        "sinks": sinks,
+    }
+
+
+def _bwd_problem(sq, sk, causal, left=-1, right=-1, softcap=0.0, sinks=False, d=32):
+    p = _fwd_problem(sq, sk, causal, left, right, softcap, sinks, d=d)
+    del p["h"]
+    return {**p, "hkv": 1, "groups": 2}
+
+
+def _check_fwd(problem, dtype, seed=0, config=None):
+    args = FWD.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
+    out = run_kernel(FWD, args, config)
+    ref = FWD.reference(*args, upcast=True)
+    assert_within_tolerance(out, ref, FWD.tolerances[dtype], f"[{problem} {dtype} {config}]")
+    return args, out, ref
+
+
+def _check_bwd(problem, dtype, seed=0, config=None):
+    args = BWD.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
+    grads = run_kernel(BWD, args, config)
+    ref = BWD.reference(*args, upcast=True)
+    assert_within_tolerance(grads, ref, BWD.tolerances[dtype], f"[{problem} {dtype} {config}]")
+    return args, grads, ref
+
+
+# -- sliding window ----------------------------------------------------------------------
+
+
+@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sq=st.sampled_from(SEQS),
+    sk=st.sampled_from(SEQS),
+    left=st.sampled_from(SIDES),
+    right=st.sampled_from(SIDES),
+    causal=st.booleans(),
+    softmax=st.sampled_from(["two_pass", "online"]),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_window_forward_matches_fp64_reference(sq, sk, left, right, causal, softmax, dtype, seed):
+    """out and lse within the declared tolerance: both softmaxes, windows at the tile edges,
+    wider than S, one side unbounded, with and without causal, Sq != Sk."""
+    problem = _fwd_problem(sq, sk, causal, left, right)
+    _check_fwd(problem, dtype, seed, fa.FlashAttentionConfig(softmax=softmax))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sq=st.sampled_from(SEQS),
+    sk=st.sampled_from(SEQS),
+    left=st.sampled_from(SIDES),
+    right=st.sampled_from(SIDES),
+    causal=st.booleans(),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_window_backward_matches_fp64_reference(sq, sk, left, right, causal, dtype, seed):
+    """dq, dk, dv within the declared tolerance of the closed-form fp64 reference."""
+    _check_bwd(_bwd_problem(sq, sk, causal, left, right), dtype, seed)
+
+
+def test_window_streamed_kv_blocks():
+    """K/V streamed in blocks (Sk > kv_block): the window's blocks start at its first key."""
+    config = fa.FlashAttentionConfig(k_tile=128, kv_block=512)
+    _check_fwd(_fwd_problem(300, 1100, True, 300, 0), "bfloat16", 1, config)
+    _check_fwd(_fwd_problem(260, 1100, False, 129, 200), "float32", 2, config)
+
+
+def test_window_gradients_match_autograd_of_the_reference():
+    """fp32: the kernel's dq, dk, dv against fp64 autograd through attention_reference."""
+    args = BWD.make_inputs(_bwd_problem(200, 260, True, 64, 5), "float32", torch.Generator())
+    dout, q, k, v, *_ = args
+    grads = run_kernel(BWD, args)[:3]
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    out, _ = fa.attention_reference(*leaves, True, None, (64, 5))
+    out.backward(dout.double())
+    truth = [t.grad for t in leaves]
+    assert_within_tolerance(grads, truth, BWD.tolerances["float32"], "[window autograd]")
+
+
+def test_window_fully_masked_rows():
+    """Rows whose window ends before key 0 (Sq > Sk, right bounded) give out = 0, lse = -inf,
+    dq = 0; a window of 0 keys either side sees exactly the diagonal key."""
+    args, (out, lse), _ = _check_fwd(_fwd_problem(300, 100, False, 3, 5), "float32")
+    dead = 300 - 100 - 5  # rows i with i + (Sk - Sq) + 5 < 0
+    assert torch.equal(out[:, :, :dead], torch.zeros_like(out[:, :, :dead]))
+    assert torch.isneginf(lse[:, :, :dead]).all() and torch.isfinite(lse[:, :, dead:]).all()
+    _, (dq, _, _, _), _ = _check_bwd(_bwd_problem(300, 100, False, 3, 5), "float32")
+    assert (dq[:, :, :dead] == 0).all()
+    q, k, v = args[:3]
+    diag = run_kernel(FWD, (q, k, v, False, None, (0, 0)))[0]  # row i sees key i - 200 only
+    torch.testing.assert_close(diag[:, :, 200:], v.expand(1, 2, 100, 32))
+
+
+def _trace(spec, args, config=None):
+    runs = []
+    spec.run_kernels(
+        *args,
+        config=config or spec.config.default(),
+        runner=interpreter_runner_for("trn2", compute=False, runs=runs),
+    )
+    return runs[0].trace.count_by_api()
+
+
+def _visible_tiles(s, left, tile_q, tile_k, align):
+    """(query tile, key chunk) pairs some row sees under a causal window of ``left`` keys,
+    counted row by row (Sq = Sk = s): key chunks of ``tile_k`` from the first visible key
+    rounded down to ``align``."""
+    count = 0
+    for q0 in range(0, s, tile_q):
+        lo = max(0, q0 - left)
+        hi = min(s, q0 + tile_q)  # one past the last row's diagonal
+        start = lo // align * align
+        count += math.ceil((hi - start) / tile_k)
+    return count
+
+
+@pytest.mark.parametrize("softmax", ["two_pass", "online"])
+def test_window_skips_masked_tiles_at_trace_time(softmax):
+    """Causal window of 256 keys at Sq = Sk = 2048 (16 query tiles, trace-only): the tiles
+    no row sees issue nothing. Two passes: P V once per visible 128-key chunk (45, counted
+    row by row), QK^T once on each masked edge chunk and twice on the chunk between them
+    (4 per query tile, 1 and 3 for the first two: 60). Online (key tiles of 512 from the
+    group's first visible chunk): at most the causal count times the visible fraction of
+    its keys (45 of 136 chunks) plus one 512-key tile's slack per query tile pair."""
+    counts = {}
+    for left in (256, -1):
+        problem = _fwd_problem(2048, 2048, True, left, 0, h=1, d=64)
+        args = FWD.make_inputs(problem, "bfloat16", torch.Generator())
+        config = fa.FlashAttentionConfig(k_tile=512, softmax=softmax)
+        counts[left] = _trace(FWD, args, config)["nisa.nc_matmul"]
+    chunks = _visible_tiles(2048, 256, 128, 128, 128)
+    assert chunks == 45
+    if softmax == "two_pass":
+        assert counts[256] == chunks + 14 * 4 + 1 + 3, counts
+    else:
+        assert counts[256] <= counts[-1] * 45 / 136 + 8 * 4, counts
+
+
+def test_window_backward_skips_masked_pairs_at_trace_time():
+    """The backward issues matmuls for the visible (128 x 128) tile pairs only: under a
+    causal window of 256 at S = 1024, 21 pairs (counted row by row) of full attention's 64,
+    the same number of matmuls per pair."""
+    counts = {}
+    for window in (None, (256, 0)):
+        left = -1 if window is None else window[0]
+        problem = _bwd_problem(1024, 1024, window is not None, left, -1 if window is None else 0)
+        problem["groups"] = 1
+        args = BWD.make_inputs(problem, "bfloat16", torch.Generator())
+        counts[window] = _trace(BWD, args)["nisa.nc_matmul"]
+    pairs = _visible_tiles(1024, 256, 128, 128, 128)
+    assert counts[(256, 0)] * 64 == counts[None] * pairs, (counts, pairs)
+
+
+# -- logit softcap -----------------------------------------------------------------------
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sq=st.sampled_from(SEQS),
+    sk=st.sampled_from(SEQS),
+    softcap=st.sampled_from([1.0, 50.0, 1e6, 0.05]),
+    causal=st.booleans(),
+    left=st.sampled_from(SIDES),
+    softmax=st.sampled_from(["two_pass", "online"]),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_softcap_forward_matches_fp64_reference(
+    sq, sk, softcap, causal, left, softmax, dtype, seed
+):
+    """Softcaps small (1.0, 0.05: every score capped hard), typical (50, Gemma 2) and huge
+    (1e6: tanh near identity), with and without a window, both softmaxes."""
+    problem = _fwd_problem(sq, sk, causal, left, -1, softcap=softcap)
+    _check_fwd(problem, dtype, seed, fa.FlashAttentionConfig(softmax=softmax))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sq=st.sampled_from(SEQS),
+    sk=st.sampled_from(SEQS),
+    softcap=st.sampled_from([1.0, 50.0, 1e6]),
+    causal=st.booleans(),
+    left=st.sampled_from(SIDES),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_softcap_backward_matches_fp64_reference(sq, sk, softcap, causal, left, dtype, seed):
+    """dq, dk, dv with d(capped)/ds = 1 - tanh^2, against the closed-form fp64 reference."""
+    _check_bwd(_bwd_problem(sq, sk, causal, left, -1, softcap=softcap), dtype, seed)
+
+
+def test_softcap_caps_the_scores_and_autograd_agrees():
+    """With scores ~1e2 and softcap 1, lse is within log(Sk) + 1 of the softcap (every
+    capped score is in [-1, 1]); fp32 gradients through the op (the kernels on the
+    interpreter) match fp64 autograd through the reference."""
+    from neuron_kernels.torch_ops import cpu_mode
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 70, 16, generator=g) for _ in range(3))
+    q = q * 30
+    out, lse = run_kernel(FWD, (q, k, v, True, None, None, 1.0))
+    assert (lse <= 1.0 + math.log(70) + 1e-4).all() and (lse >= -1.0 - 1e-4).all()
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    with cpu_mode("interpret"):
+        got = torch.ops.neuron.flash_attention(*leaves, True, None, [8, 0], 1.0)
+    weight = torch.randn(got.shape, generator=g)
+    (got * weight).sum().backward()
+    ref_leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    ref = fa.attention_reference(*ref_leaves, True, None, (8, 0), 1.0)[0]
+    (ref * weight.double()).sum().backward()
+    for a, b in zip(leaves, ref_leaves):
+        assert_within_tolerance(a.grad, b.grad, BWD.tolerances["float32"], "[softcap grads]")
