@@ -9,7 +9,8 @@ q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` with ``H % Hkv == 0`` (GQA/MQA:
 
 The contract both directions keep:
     - ``lse [B, H, Sq]`` float32 is ``log(sum_j exp(scale * q_i . k_j))`` over the unmasked
-      ``j`` (natural log, scale included): the one layout the backward consumes.
+      ``j`` (natural log, scale included; the capped scores with a softcap, plus
+      ``exp(sink_h)`` with sinks, below): the one layout the backward consumes.
     - causal with ``Sq != Sk`` aligns to the bottom-right corner (FlashAttention 2): query
       ``i`` sees key ``j`` iff ``j <= i + (Sk - Sq)``. When ``Sq > Sk`` the first
       ``Sq - Sk`` query rows see no key: such fully masked rows give ``out = 0`` and
@@ -27,6 +28,19 @@ The contract both directions keep:
       first); lse is over the capped scores; the backward multiplies by
       ``d(capped)/ds = 1 - tanh^2``. The kernels keep ``t = tanh(s / softcap)`` (ScalarE's
       tanh, reading PSUM) in SBUF and exponentiate ``softcap * t``. 0 is off.
+    - ``sinks [H]`` (gpt-oss; float32 or q's dtype): one learned logit per query head
+      that joins every row's softmax denominator: ``lse_i = log(sum_j exp(s_ij) +
+      exp(sink_h))`` (so lse includes the sink, and the backward's ``P = exp(s - lse)``
+      stays right), ``out_i = sum_j exp(s_ij - lse_i) v_j``. A sink of -inf is no sink. A
+      row that sees no key gets ``out = 0`` and ``lse = sink_h``. The kernels fold the sink
+      into the row max (``max(m, sink)``) and the row sum. Its gradient
+      ``dsink_h = -sum_{b,i} exp(sink_h - lse_{b,h,i}) D_{b,h,i}`` with
+      ``D_i = sum_d dO_id O_id``: the backward kernel writes each row's term from the
+      ``-lse`` and ``-D`` columns it already holds, and the op sums them over (b, i) in
+      torch (a head's rows lie in several query passes and, at LNC=2, on both cores; an
+      in-kernel sum would need a cross-core reduction for one scalar per head).
+      ``flash_attention_bwd`` returns ``(dq, dk, dv, dsinks)``, dsinks in sinks' dtype, an
+      empty float32 tensor without sinks.
 
 The forward kernel, two-pass softmax (the default; K/V resident in SBUF)::
 
@@ -900,6 +914,7 @@ class OnlineTile(nl.NKIObject):
     latest_max: object  # [qs, 1] fp32 the newest -running max (the front half runs ahead)
     row_sum: object  # [qs, 1] fp32 running sum of P, rescaled as the max grows
     o_acc: object  # [qs, D] fp32 running P V, rescaled as the max grows
+    sink: object  # [qs, 1] fp32 the head's sink logit on every row, None without sinks
 
 
 @dataclass
@@ -927,13 +942,25 @@ def _dead_rows(q0, qs, plan):
     return dead_rows(q0, qs, plan.sq, plan.sk, _bounds(plan))
 
 
-def _open_query_tile(q, b, h, q0, plan):
+def _load_sink(sinks, h, qs):
+    """The sink logit of head ``h`` on each of ``qs`` rows (``[qs, 1]`` fp32, from the
+    op's ``[H, 128, 1]`` broadcast of it), or None without sinks."""
+    if sinks is None:
+        return None
+    col = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink")
+    nisa.dma_copy(dst=col, src=sinks[h, 0:qs, 0:1])
+    return col
+
+
+def _open_query_tile(q, sinks, b, h, q0, plan):
     """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T."""
     qs = min(plan.q_tile, plan.sq - q0)
     # Keys in [k_start, k_end) are visible to some row of the tile.
     k_start, k_end, _, _ = key_bounds(q0, qs, plan.sq, plan.sk, _bounds(plan))
     n_dead = _dead_rows(q0, qs, plan)
-    state = OnlineTile(h, q0, qs, k_start, k_end, n_dead, None, None, None, None, None)
+    state = OnlineTile(
+        h, q0, qs, k_start, k_end, n_dead, None, None, None, None, None, _load_sink(sinks, h, qs)
+    )
     if k_end > k_start:
         q_t = nl.ndarray(
             (min(plan.d_tile, plan.d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
@@ -1080,26 +1107,73 @@ def _fold(r, plan):
     s.neg_max, s.o_acc = r.new_neg_max, new_acc
 
 
+def _dead_lse(lse_t, rows, sink):
+    """lse of rows that see no key: the sink (``sink``'s rows), else -inf."""
+    if sink is None:
+        nisa.memset(dst=lse_t[0:rows, 0:1], value=float("-inf"))
+    else:
+        nisa.tensor_copy(dst=lse_t[0:rows, 0:1], src=sink[0:rows, 0:1])
+
+
+def _fold_sink(s):
+    """The sink into the online state at its close: ``m' = max(m, sink)``, then
+    ``l' = l exp(m - m') + exp(sink - m')``; returns ``(-m', l', exp(m - m'))``, the last to
+    rescale the accumulator (a sink of -inf gives ``m' = m``, ``l' = l``, 1)."""
+    qs = s.qs
+    neg_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_max_sink")
+    nisa.tensor_scalar(
+        dst=neg_max, data=s.sink, op0=nl.multiply, operand0=-1.0, op1=nl.minimum, operand1=s.neg_max
+    )
+    rescale = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink_rescale")
+    nisa.activation(dst=rescale, op=nl.exp, data=s.neg_max, bias=neg_max, scale=-1.0)
+    e_sink = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="exp_sink")
+    nisa.activation(dst=e_sink, op=nl.exp, data=s.sink, bias=neg_max)
+    row_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="l_sink")
+    nisa.scalar_tensor_tensor(
+        dst=row_sum,
+        data=s.row_sum,
+        op0=nl.multiply,
+        operand0=rescale,
+        op1=nl.add,
+        operand1=e_sink,
+    )
+    return neg_max, row_sum, rescale
+
+
 def _close_query_tile(s, out, lse, b, plan):
-    """out = O / l and lse = log(l) + m to HBM; rows that see no key get 0 and -inf."""
+    """out = O / l and lse = log(l) + m to HBM (the sink folded in first); rows that see no
+    key get 0 and the sink (-inf without sinks)."""
     d, qs, q0, h, n_dead = plan.d, s.qs, s.q0, s.h, s.n_dead
     o_out = nl.ndarray((qs, d), dtype=out.dtype, buffer=nl.sbuf, name="o_out")
     lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
     if s.neg_max is None:
         # Trace-time skip: no key is visible to any row of this tile.
         nisa.memset(dst=o_out, value=0.0)
-        nisa.memset(dst=lse_t, value=float("-inf"))
+        _dead_lse(lse_t, qs, s.sink)
     else:
+        neg_max, row_sum = s.neg_max, s.row_sum
         recip = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
-        nisa.reciprocal(dst=recip, data=s.row_sum)
-        nisa.tensor_scalar(dst=o_out, data=s.o_acc, op0=nl.multiply, operand0=recip)
+        if s.sink is None:
+            nisa.reciprocal(dst=recip, data=row_sum)
+            nisa.tensor_scalar(dst=o_out, data=s.o_acc, op0=nl.multiply, operand0=recip)
+        else:
+            neg_max, row_sum, rescale = _fold_sink(s)
+            nisa.reciprocal(dst=recip, data=row_sum)
+            nisa.tensor_scalar(
+                dst=o_out,
+                data=s.o_acc,
+                op0=nl.multiply,
+                operand0=recip,
+                op1=nl.multiply,
+                operand1=rescale,
+            )
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
-        nisa.activation(dst=log_sum, op=nl.log, data=s.row_sum)
-        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=s.neg_max, op=nl.subtract)
+        nisa.activation(dst=log_sum, op=nl.log, data=row_sum)
+        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=neg_max, op=nl.subtract)
         if n_dead:
-            # Rows that see no key at all: zeros and -inf, as the contract says.
+            # Rows that see no key at all: zeros and the sink (or -inf), as the contract says.
             nisa.memset(dst=o_out[0:n_dead, 0:d], value=0.0)
-            nisa.memset(dst=lse_t[0:n_dead, 0:1], value=float("-inf"))
+            _dead_lse(lse_t, n_dead, s.sink)
     nisa.dma_copy(dst=out[b, h, q0 : q0 + qs, 0:d], src=o_out)
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
@@ -1138,7 +1212,7 @@ def _drain(pending, out, lse, b, q_dtype, plan):
         _close_query_tile(s, out, lse, b, plan)
 
 
-def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
+def _attend_kv_head(q, k, v, sinks, out, lse, kv, b, kvh, tiles, plan):
     """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
     ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
     key tiles and across groups: the next key tile's scores and max (the next group's
@@ -1148,7 +1222,7 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
     for t0 in range(0, len(tiles), plan.q_group):
         states = []
         for h, q0 in tiles[t0 : t0 + plan.q_group]:
-            states.append(_open_query_tile(q, b, h, q0, plan))
+            states.append(_open_query_tile(q, sinks, b, h, q0, plan))
         last = None
         kt = vb = None
         if kv is not None:
@@ -1194,6 +1268,7 @@ class QueryTile(nl.NKIObject):
     p: list  # per key tile: P = exp(scale * S - max) in SBUF, q's dtype
     p_t: list  # per key tile: ((P^T tile, chunk in it, keys, V chunk), ...) in SBUF
     o_ps: object  # [qs, D] fp32 PSUM: P V summed over every key the tile sees
+    sink: object  # [qs, 1] fp32 the head's sink logit on every row, None without sinks
 
 
 def _query_tile(h, q0, plan):
@@ -1248,6 +1323,7 @@ def _query_tile(h, q0, plan):
         None,
         list(none),
         list(none),
+        None,
         None,
     )
 
@@ -1329,6 +1405,17 @@ def _row_max(qt, plan):
             )
     else:
         neg_max = neg_masked
+    if qt.sink is not None:  # the sink is one more logit: -max(m, sink) = min(-m, -sink)
+        with_sink = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_max_sink")
+        nisa.tensor_scalar(
+            dst=with_sink,
+            data=qt.sink,
+            op0=nl.multiply,
+            operand0=-1.0,
+            op1=nl.minimum,
+            operand1=neg_max,
+        )
+        neg_max = with_sink
     qt.neg_max = neg_max
 
 
@@ -1354,9 +1441,21 @@ def _exp_step(qt, j, kt, q_dtype, plan):
         bias=qt.neg_max,
         scale=act_scale,
         reduce_op=nl.add,
-        reduce_res=qt.row_sum if last else None,
+        reduce_res=qt.row_sum if last and qt.sink is None else None,
         reduce_cmd=nisa.reduce_cmd.reset_reduce if j == 0 else nisa.reduce_cmd.reduce,
     )
+    if last and qt.sink is not None:
+        # exp(sink - max) joins the row sum in the same registers, which it reads out.
+        e_sink = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="exp_sink")
+        nisa.activation(
+            dst=e_sink,
+            op=nl.exp,
+            data=qt.sink,
+            bias=qt.neg_max,
+            reduce_op=nl.add,
+            reduce_res=qt.row_sum,
+            reduce_cmd=nisa.reduce_cmd.reduce,
+        )
     qt.masked[j] = None
     qt.p[j] = p_sb
 
@@ -1422,7 +1521,7 @@ def _close_two_pass(qt, out, lse, b, plan):
     lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
     if not qt.keys:
         nisa.memset(dst=o_out, value=0.0)
-        nisa.memset(dst=lse_t, value=float("-inf"))
+        _dead_lse(lse_t, qs, qt.sink)
     else:
         nisa.activation(dst=o_out, op=nl.copy, data=qt.o_ps, scale=qt.recip)
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
@@ -1432,12 +1531,12 @@ def _close_two_pass(qt, out, lse, b, plan):
         )
         if qt.n_dead:
             nisa.memset(dst=o_out[0 : qt.n_dead, 0:d], value=0.0)
-            nisa.memset(dst=lse_t[0 : qt.n_dead, 0:1], value=float("-inf"))
+            _dead_lse(lse_t, qt.n_dead, qt.sink)
     nisa.dma_copy(dst=out[b, h, q0 : q0 + qs, 0:d], src=o_out)
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
-def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
+def _two_pass_kv_head(q, sinks, out, lse, kt, vb, b, tiles, plan):
     """Every (head, q0) query tile of one KV head in two passes over its keys, software-
     pipelined over the flat list of (query tile, key tile) steps: at step ``i`` the max
     pass runs ``plan.lead`` steps ahead (so a tile's max is known before its exps), the exp
@@ -1448,6 +1547,7 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
     steps = []  # (query tile, key tile), in order
     for h, q0 in tiles:
         qt = _query_tile(h, q0, plan)
+        qt.sink = _load_sink(sinks, h, qt.qs)
         if not qt.keys:  # no key is visible to any row of the tile
             _close_two_pass(qt, out, lse, b, plan)
             continue
@@ -1491,9 +1591,10 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
 
 
 @nki.jit
-def flash_attention_fwd_kernel(q, k, v, plan):
+def flash_attention_fwd_kernel(q, k, v, sinks, plan):
     """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
-    for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM.
+    for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM; ``sinks`` is None or each
+    head's sink logit broadcast to ``[H, 128, 1]`` fp32 (one value per partition row).
 
     ``plan`` is the :class:`FlashAttentionPlan` for these shapes (a compile-time argument).
     Launched as ``flash_attention_fwd_kernel[plan.lnc]``: each physical core runs its share
@@ -1514,9 +1615,9 @@ def flash_attention_fwd_kernel(q, k, v, plan):
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
         if plan.softmax == "two_pass":
-            _two_pass_kv_head(q, out, lse, kv[0], kv[1], b, tiles, plan)
+            _two_pass_kv_head(q, sinks, out, lse, kv[0], kv[1], b, tiles, plan)
         else:
-            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan)
+            _attend_kv_head(q, k, v, sinks, out, lse, kv, b, kvh, tiles, plan)
     return out, lse
 
 
@@ -1560,8 +1661,6 @@ def _forward_kernels(q, k, v, causal, softmax_scale, window, softcap, sinks, con
             lse = sinks.float().reshape(1, h, 1).expand(b, h, sq).contiguous()
         return out, lse
     spec = REGISTRY_BY_NAME[op]
-    if sinks is not None:
-        raise LimitError(op, "sinks", "is not in the kernel yet (reference only)", "a tensor")
     tiles = spec.check(
         problem(q, k, v, causal, softmax_scale, window, softcap, sinks),
         dtype_name(q),
@@ -1569,8 +1668,16 @@ def _forward_kernels(q, k, v, causal, softmax_scale, window, softcap, sinks, con
         runner.target,
         runner_lnc(runner),
     )
+    sink_rows = None
+    if sinks is not None:  # each head's sink on every partition row: [H, 128, 1] fp32
+        sink_rows = sinks.float().reshape(h, 1, 1).expand(h, tiles.q_tile, 1).contiguous()
     out, lse = runner(
-        flash_attention_fwd_kernel[tiles.lnc], q.contiguous(), k.contiguous(), v.contiguous(), tiles
+        flash_attention_fwd_kernel[tiles.lnc],
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        sink_rows,
+        tiles,
     )
     return out, lse.reshape(b, h, sq)
 
@@ -1639,13 +1746,14 @@ def _validate(op):
 
 def draw_features(problem: dict, h: int, generator: torch.Generator) -> tuple:
     """``(window, softcap, sinks)`` of ``problem``: ``window_left``/``window_right`` (a
-    negative value, as drawn, is -1: unbounded; both unbounded is None), ``softcap`` and,
-    when ``sinks`` is set, sinks ~ N(0, 2^2) fp32 per query head, drawn after every other
-    input (so problems without them draw the inputs they always did)."""
+    negative value, as drawn, is -1: unbounded; both unbounded is None), ``softcap`` (a
+    negative value, as drawn, is 0: off) and, when ``sinks`` is set, sinks ~ N(0, 2^2)
+    fp32 per query head, drawn after every other input (so problems without them draw the
+    inputs they always did)."""
     left, right = int(problem.get("window_left", -1)), int(problem.get("window_right", -1))
     left, right = max(-1, left), max(-1, right)
     window = None if (left, right) == (-1, -1) else (left, right)
-    softcap = float(problem.get("softcap", 0.0))
+    softcap = max(0.0, float(problem.get("softcap", 0.0)))
     sinks = torch.randn(h, generator=generator) * 2.0 if problem.get("sinks") else None
     return window, softcap, sinks
 
@@ -1812,6 +1920,12 @@ _TEST_PROBLEMS = {
         "sk": (1, 600),
         "d": (1, 256),
         "causal": (0, 1),
+        # window sides, softcap and sinks: negative draws are off (-1 unbounded, 0 no cap),
+        # so about half the draws leave each feature off.
+        "window_left": (-300, 300),
+        "window_right": (-300, 300),
+        "softcap": (-60, 60),
+        "sinks": (0, 1),
     },
     "edges": (1, 127, 128, 129, 513),
     # every config runs here: GQA, remainder tiles, causal with Sq < Sk, D not a power of two

@@ -63,6 +63,7 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
     attention_reference,
+    dead_rows,
     draw_features,
     feature_suffix,
     key_bounds,
@@ -371,6 +372,9 @@ class QueryPass(nl.NKIObject):
     live: list  # (t, rows) of the tiles some key reaches, in order; the others get dq = 0
     q_src: list  # per live tile: its Q rows in HBM (what DMA transposes read)
     do_src: list  # per live tile: its dO rows in HBM
+    sink: object  # [tq, 1] fp32 the head's sink on every row, None without sinks
+    dsink_dst: list  # per live tile: its rows of the dsinks contributions in HBM
+    n_dead: list  # per live tile: its leading rows that see no key
 
 
 @dataclass
@@ -636,9 +640,10 @@ def _q_grads(st, kv, pair, first, last, sums, dq_dst, scale, plan):
     sums.started[t] = True
 
 
-def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
+def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan):
     """Phase 1 of a query pass ``(h, p0, n_tiles)``: allocate its SBUF tiles and start every
-    DMA (Q, dO and O rows, lse) of the tiles some key reaches; their dQ is zero otherwise."""
+    DMA (Q, dO and O rows, lse; the head's sink) of the tiles some key reaches; their dQ is
+    zero otherwise (and so is their dsinks contribution, stored here)."""
     h, p0, n_tiles = one_pass
     tq, d = plan.tile_q, plan.d
     rows = n_tiles * tq
@@ -654,11 +659,25 @@ def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
         live=[],
         q_src=[],
         do_src=[],
+        sink=None,
+        dsink_dst=[],
+        n_dead=[],
     )
+    if sinks is not None:
+        qs.sink = nl.ndarray((tq, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink")
+        nisa.dma_copy(dst=qs.sink, src=sinks[h, 0:tq, 0:1])
+    bounds = (plan.left, plan.right)
     for t, (q0, n_q) in enumerate(tiled(plan.sq, tq)[p0 : p0 + n_tiles]):
-        k_start, k_end, _, _ = key_bounds(q0, n_q, plan.sq, plan.sk, (plan.left, plan.right))
-        if k_end <= k_start:  # no row of the tile sees a key: its dq is zero
+        k_start, k_end, _, _ = key_bounds(q0, n_q, plan.sq, plan.sk, bounds)
+        if k_end <= k_start:  # no row of the tile sees a key: its dq (and dsinks part) is 0
+            if sinks is not None:
+                zeros = nl.ndarray((n_q, 1), dtype=nl.float32, buffer=nl.sbuf, name="no_dsink")
+                nisa.memset(dst=zeros, value=0.0)
+                nisa.dma_copy(dst=dsink[b, h, q0 : q0 + n_q, 0:1], src=zeros)
             continue
+        if sinks is not None:
+            qs.dsink_dst.append(dsink[b, h, q0 : q0 + n_q, 0:1])
+            qs.n_dead.append(dead_rows(q0, n_q, plan.sq, plan.sk, bounds))
         qs.live.append((t, n_q))
         qs.q_src.append(q[b, h, q0 : q0 + n_q, :])
         qs.do_src.append(dout[b, h, q0 : q0 + n_q, :])
@@ -699,6 +718,22 @@ def _query_pass_prepare(qs, plan, psum_dtype):
             axis=1,
             negate=True,
         )
+        if qs.sink is not None:
+            _dsink_rows(qs, a, t, n_q)
+
+
+def _dsink_rows(qs, a, t, n_q):
+    """The dsinks contribution of live query tile ``t`` (the ``a``-th): per row,
+    ``-exp(sink - lse) D`` from the ``-lse`` and ``-D`` columns the pass already holds,
+    stored to HBM (the op sums the rows). Rows that see no key add 0 (their D is 0, and
+    without a finite sink their ``exp(sink - lse)`` would be ``exp(-inf + inf)``)."""
+    w = nl.ndarray((n_q, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink_weight")
+    nisa.activation(dst=w, op=nl.exp, data=qs.sink[0:n_q, 0:1], bias=qs.neg_lse[0:n_q, t : t + 1])
+    part = nl.ndarray((n_q, 1), dtype=nl.float32, buffer=nl.sbuf, name="dsink_part")
+    nisa.tensor_tensor(dst=part, data1=w, data2=qs.neg_dvec[0:n_q, t : t + 1], op=nl.multiply)
+    if qs.n_dead[a]:
+        nisa.memset(dst=part[0 : qs.n_dead[a], 0:1], value=0.0)
+    nisa.dma_copy(dst=qs.dsink_dst[a], src=part)
 
 
 def _load_kv_rows(k, v, b, hk, j, plan):
@@ -784,7 +819,7 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
 
 
 @nki.jit
-def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
+def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
     """``(dq, dk, dv)`` for attention in BHSD layout (HBM): ``dout, q, out [B, H, Sq, D]``,
     ``k, v [B, Hkv, Sk, D]``, ``lse [B, H, Sq]`` fp32; ``scale`` is the softmax scale
     (a compile-time float) and ``plan`` the :class:`FlashAttentionBwdPlan` for these shapes.
@@ -818,6 +853,9 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
     if plan.split_groups:
         dk_part = nl.ndarray(parts, dtype=nl.float32, buffer=nl.shared_hbm, name="dk_part")
         dv_part = nl.ndarray(parts, dtype=nl.float32, buffer=nl.shared_hbm, name="dv_part")
+    dsink = None
+    if sinks is not None:
+        dsink = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="dsink")
 
     tq, tk = plan.tile_q, plan.tile_k
     n_kt = (Sk + tk - 1) // tk
@@ -858,7 +896,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
         for ps in passes:
             pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
         kb = plan.kv_block
-        qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan)
+        qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[0], plan)
         _query_pass_prepare(qs_next, plan, psum_dtype)
         kv_next = kv_all
         if kv_outer:
@@ -876,7 +914,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
             has_next = i + 1 < len(passes)
             next_block = -1
             if has_next:
-                qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan)
+                qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[i + 1], plan)
                 if kv_outer and len(pass_pairs[i + 1]) > 0:
                     next_block = pass_pairs[i + 1][0].j // kb
             if kv_outer and n_kt <= kb and next_block >= 0:
@@ -956,8 +994,12 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
                 dv_dst = dv_part[core, slot, k0 : k0 + n_k, :]
             _store_scaled(dk_dst, dk_src, n_k, scale, D)
             _store_scaled(dv_dst, dv_src, n_k, 1.0, D)
+    if plan.split_groups and sinks is not None:
+        return dq, dk, dv, dk_part, dv_part, dsink
     if plan.split_groups:
         return dq, dk, dv, dk_part, dv_part
+    if sinks is not None:
+        return dq, dk, dv, dsink
     return dq, dk, dv
 
 
@@ -1147,8 +1189,6 @@ def run_kernels(
         dsinks = torch.zeros_like(sinks)
     if 0 in (*q.shape, k.shape[1], k.shape[2]):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
-    if sinks is not None:
-        raise LimitError(OP, "sinks", "is not in the kernel yet (reference only)", "a tensor")
     tiles = SPEC.check(
         problem(dout, q, k, v, out, lse, causal, softmax_scale, window, softcap, sinks),
         dtype_name(q),
@@ -1157,6 +1197,10 @@ def run_kernels(
         runner_lnc(runner),
     )
     scale = resolve_scale(softmax_scale, q.shape[3])
+    sink_rows = None
+    if sinks is not None:  # each head's sink on every partition row: [H, 128, 1] fp32
+        h = q.shape[1]
+        sink_rows = sinks.float().reshape(h, 1, 1).expand(h, tiles.tile_q, 1).contiguous()
     outs = runner(
         flash_attention_bwd_kernel[tiles.lnc],
         dout.contiguous(),
@@ -1165,10 +1209,13 @@ def run_kernels(
         v.contiguous(),
         out.contiguous(),
         lse.contiguous(),
+        sink_rows,
         scale,
         tiles,
     )
     dq, dk, dv = outs[:3]
+    if sinks is not None:  # the kernel's per-row parts, summed over batch and rows
+        dsinks = outs[-1].sum(dim=(0, 2, 3)).to(sinks.dtype)
     if tiles.split_groups:  # groups split over the cores: their fp32 dK/dV partials, added
         # in core order and rounded once (deterministic: the same order every run)
         dk_part, dv_part = outs[3], outs[4]
@@ -1289,6 +1336,12 @@ SPEC = register(
                 "sq": (1, 160),
                 "sk": (1, 160),
                 "d": (1, 136),
+                "causal": (0, 1),
+                # as the forward's: negative draws leave the window side / softcap off
+                "window_left": (-160, 160),
+                "window_right": (-160, 160),
+                "softcap": (-60, 60),
+                "sinks": (0, 1),
             },
             "edges": (1, 2, 3, 64, 127, 128, 129),
             # every config runs here, checked: causal with Sq > Sk (fully masked rows),
