@@ -396,6 +396,12 @@ def attention_reference(
 
 # -- tunables and the tile plan -----------------------------------------------------------
 
+# Two-pass with a softcap: key tiles whose max pass (tanh on ScalarE) is issued at once.
+# Modeled: each switch of ScalarE's activation table between tanh and exp costs 1.3 us
+# (cost_model act_table_switch_ns, an unpublished, low-confidence figure); in bursts of 16
+# the switches cost 2 per 16 key tiles, not 2 per key tile.
+MAX_BURST = 16
+
 # Masked scores (already scaled) become this: exp(MASK_FILL - max) is exactly 0 in fp32, and
 # unlike -inf it never meets another infinity in `max - max` on a row with no visible key.
 MASK_FILL = -1.0e30
@@ -507,6 +513,7 @@ class FlashAttentionPlan(nl.NKIObject):
     softmax: str  # "two_pass" (K/V resident) or "online" (the config's, or online if streamed)
     p_dma_tiles: int  # two-pass: key tiles of every 4 whose P^T is made by DMA (0: none)
     lead: int  # two-pass: key tiles the max pass runs ahead of the exp pass
+    max_burst: int  # two-pass: key tiles whose max pass is issued at once (softcap: > 1)
     lag_transpose: int  # two-pass: key tiles P^T runs behind its exp
     lag_pv: int  # two-pass: key tiles P V runs behind its exp
     lag_close: int  # two-pass: key tiles a query tile's close runs behind its exp
@@ -637,8 +644,22 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     p_dma_tiles = config.p_dma_tiles if dma_ok else 0
     key_tiles = ceil_div(sk, config.k_tile)
     lead, lag_t, lag_pv, lag_close, q_prefetch = key_tiles + 1, 2, 6, 7, 4
+    if left >= 0:
+        # A left edge adds up to 4 spans to a query tile (the edges' tiles split into
+        # masked and raw runs); the max pass must still end before the tile's first exp.
+        lead += 4
+    # softcap: the max pass's tanh (ScalarE) runs in bursts of max_burst key tiles, so the
+    # activation table switches between tanh and exp once per burst, not per key tile.
+    # The longest burst (16, 8, .., 1) whose scores held from max pass to exp fit SBUF.
+    max_burst = MAX_BURST if softcap > 0 and softmax == "two_pass" else 1
+    while softmax == "two_pass" and max_burst > 1:
+        lags = (lead + max_burst - 1, q_prefetch, lag_pv, lag_close)
+        budget = _two_pass_budget(sk, d, d_tiles, q_tile, item, True, config, kv_chunks, lags)
+        if budget[0] <= target.sbuf_usable_bytes:
+            break
+        max_burst //= 2
     if softmax == "two_pass":
-        lags = (lead, q_prefetch, lag_pv, lag_close)
+        lags = (lead + max_burst - 1, q_prefetch, lag_pv, lag_close)
         sbuf, banks = _two_pass_budget(
             sk,
             d,
@@ -677,6 +698,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         softmax=softmax,
         p_dma_tiles=p_dma_tiles,
         lead=lead,
+        max_burst=max_burst,
         lag_transpose=lag_t,
         lag_pv=lag_pv,
         lag_close=lag_close,
@@ -1555,18 +1577,21 @@ def _two_pass_kv_head(q, sinks, out, lse, kt, vb, b, tiles, plan):
         for j in range(len(qt.keys)):
             steps.append((len(states) - 1, j))
     n = len(steps)
-    for i in range(-plan.lead - plan.q_prefetch, n + plan.lag_close + 1):
-        f = i + plan.lead + plan.q_prefetch
+    burst = plan.max_burst
+    for i in range(-plan.lead - burst - plan.q_prefetch, n + plan.lag_close + 1):
+        f = i + plan.lead + burst - 1 + plan.q_prefetch
         if 0 <= f < n:
             t, j = steps[f]
             if j == 0:
+                assert len(states[t].keys) <= plan.lead + 1, "flash_attention: lead too short"
                 _load_query(q, b, states[t], plan)
-        f = i + plan.lead
-        if 0 <= f < n:
-            t, j = steps[f]
-            _max_step(q, b, states[t], j, kt, plan)
-            if j == len(states[t].keys) - 1:
-                _row_max(states[t], plan)
+        if (i + plan.lead) % burst == 0:
+            for f in range(i + plan.lead, i + plan.lead + burst):
+                if 0 <= f < n:
+                    t, j = steps[f]
+                    _max_step(q, b, states[t], j, kt, plan)
+                    if j == len(states[t].keys) - 1:
+                        _row_max(states[t], plan)
         if 0 <= i < n:
             t, j = steps[i]
             _exp_step(states[t], j, kt, q.dtype, plan)

@@ -272,6 +272,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     group = 2 * n_kt * d * 4  # dK and dV fp32 accumulators over the query heads
     q_side = 2 * q_side + d * 4  # this pass and the next (prefetch); one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
+    softcap = float(problem.get("softcap", 0.0))
+    if softcap:  # two key blocks of tanh tiles (made ahead), t^2 and P (1 - t^2) of a pair
+        pair += 2 * kv_block * n_qt * keys * 4 + (lag + 1) * 2 * keys * 4
     staging = d * item  # one output tile in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
 
@@ -281,6 +284,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     sum_banks = ceil_div(kv_block * d * 4, target.psum_bank_bytes)
     pe_ds_t = config.transpose == "pe" and ds_dma_tiles < 4
     banks = 1 + 1 + 2 * sum_banks + pe_ds_t + (config.transpose != "dma")
+    banks += softcap > 0  # the S tiles the tanh reads, apart from dP
     return FlashAttentionBwdPlan(
         b=b,
         hkv=hkv,
@@ -291,7 +295,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         causal=causal,
         left=bounds[0],
         right=bounds[1],
-        softcap=float(problem.get("softcap", 0.0)),
+        softcap=softcap,
         tile_q=tq,
         tile_k=tk,
         q_block=config.q_block,
@@ -472,9 +476,25 @@ def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
     return dst
 
 
-def _scores(qs, kv, pair, scale, plan):
+def _tanh_scores(qs, kv, pair, scale, plan):
+    """Softcap, ahead of stage 1: ``t = tanh(scale * S / softcap)`` of a tile pair, S on
+    TensorE into its own PSUM tile, the tanh on ScalarE into fp32 SBUF (issued for a whole
+    key block's pairs at once: see the kernel's loop)."""
+    n_q, n_k = pair.n_q, pair.n_k
+    s_ps = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.psum, name="s_cap")
+    matmul_over_d(s_ps[0:n_q, 0:n_k], qs.q_t, pair.t * plan.tile_q, n_q, kv.k_t, 0, n_k, plan)
+    tanh_s = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
+    nisa.activation(
+        dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=s_ps[0:n_q, 0:n_k], scale=scale / plan.softcap
+    )
+    return tanh_s
+
+
+def _scores(qs, kv, pair, scale, plan, tanh_s=None):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
-    the diagonal) and ``dS = P * (dP - D)``; returns the pair's SBUF tiles."""
+    the diagonal) and ``dS = P * (dP - D)``; with a softcap, ``P = exp(softcap t - lse)``
+    from ``tanh_s`` (:func:`_tanh_scores`) and ``dS = P (1 - t^2) (dP - D)``. Returns the
+    pair's SBUF tiles."""
     t, j, n_q, n_k = pair.t, pair.j, pair.n_q, pair.n_k
     tq, tk = plan.tile_q, plan.tile_k
     dtype = qs.q.dtype
@@ -482,14 +502,13 @@ def _scores(qs, kv, pair, scale, plan):
     # a pair holds one bank instead of two, so more pairs are in flight (modeled 61.2% vs
     # 53.4% TensorE at S4096; a matmul may write any region within one bank).
     s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
-    s = s_dp[:, 0, :]
-    matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
-    src, exp_scale = s[0:n_q, 0:n_k], scale
-    if plan.softcap:  # t = tanh(scale * S / softcap) (ScalarE, from PSUM); P = exp(softcap t - lse)
-        tanh_s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
-        nisa.activation(dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=src, scale=scale / plan.softcap)
+    if plan.softcap:  # P = exp(softcap t - lse), t = tanh(scale * S / softcap) made ahead
         src, exp_scale = tanh_s[0:n_q, 0:n_k], plan.softcap
+    else:
+        s = s_dp[:, 0, :]
+        matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
+        src, exp_scale = s[0:n_q, 0:n_k], scale
     nisa.activation(
         dst=p[0:n_q, 0:n_k],
         op=nl.exp,
@@ -939,6 +958,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
                 if len(blocks) == 0 or blocks[-1] != jb:
                     blocks.append(jb)
             states = [None] * n_pairs  # per pair: its PairTiles, from stage 1 to stage 3
+            tanhs = [None] * n_pairs  # softcap: per pair its tanh(scale S / softcap) tile
             for step in range(n_pairs + plan.lag_q):
                 n = step
                 if n < n_pairs:
@@ -955,9 +975,26 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
                             ahead, dst_tiles = next_block, kv_next
                     if ahead >= 0 and first:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
-                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan)
+                    if plan.softcap and first and tanhs[n] is None:
+                        # tanh of the whole key block's pairs at once: ScalarE switches
+                        # its activation table (tanh, exp) twice per block, not per pair
+                        m = n
+                        while m < n_pairs and kv_group[m] == kv_group[n]:
+                            tanhs[m] = _tanh_scores(qs, kv_tiles[pairs[m].j], pairs[m], scale, plan)
+                            m += 1
+                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan, tanhs[n])
+                    tanhs[n] = None
                     if ahead >= 0 and last:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
+                        if plan.softcap and dst_tiles is kv_tiles:
+                            # the next key block of this pass is loaded: its tanh burst now,
+                            # while this block's pairs drain, not when its first pair starts
+                            m = n + 1
+                            while m < n_pairs and kv_group[m] == ahead:
+                                tanhs[m] = _tanh_scores(
+                                    qs, kv_tiles[pairs[m].j], pairs[m], scale, plan
+                                )
+                                m += 1
                     if n == n_pairs - 1 and has_next:
                         _query_pass_prepare(qs_next, plan, psum_dtype)
                         prepared = True

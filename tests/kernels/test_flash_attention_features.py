@@ -375,3 +375,32 @@ def test_autograd_through_the_op_gives_the_references_dsinks(dtype):
     # backward's declared tolerance covers that (it is the contract suite's autograd bar).
     for name, a, b in zip(("dq", "dk", "dv", "dsinks"), leaves, ref_leaves):
         assert_within_tolerance(a.grad, b.grad, BWD.tolerances[dtype], f"[{name} {dtype}]")
+
+
+def test_wide_window_tiles_split_on_both_edges():
+    """k_tile=512 and a window (700, 300) at Sq = Sk = 1100: key tiles split into masked and
+    raw runs at both edges (up to 4 extra spans per query tile, within the plan's lead)."""
+    config = fa.FlashAttentionConfig(k_tile=512, softmax="two_pass")
+    _check_fwd(_fwd_problem(1100, 1100, False, 700, 300, h=1), "float32", 3, config)
+    _check_fwd(_fwd_problem(1100, 1100, False, 700, 300, 20.0, h=1), "bfloat16", 4, config)
+
+
+@pytest.mark.parametrize("spec", [FWD, BWD], ids=["forward", "backward"])
+def test_plans_bound_the_measured_peaks_with_every_feature(spec):
+    """With a window, softcap (the forward's tanh bursts and the backward's key-block tanh
+    tiles) and sinks, the plan's SBUF bytes and PSUM banks bound what the interpreter
+    measures (trace-only)."""
+    if spec is FWD:
+        problem = _fwd_problem(512, 4096, True, 1024, -1, 50.0, True, h=2, d=128)
+    else:
+        problem = {**_bwd_problem(1024, 1024, True, 300, -1, 50.0, True, d=128), "groups": 2}
+    args = spec.make_inputs(problem, "bfloat16", torch.Generator())
+    runs = []
+    spec.run_kernels(
+        *args,
+        config=spec.config.default(),
+        runner=interpreter_runner_for("trn2", compute=False, runs=runs),
+    )
+    plan = spec.check(spec.problem(*args), "bfloat16", spec.config.default(), "trn2")
+    peak = runs[0].memory[0]
+    assert peak.sbuf_bytes <= plan.sbuf_bytes and peak.psum_banks <= plan.psum_banks, (peak, plan)
