@@ -964,25 +964,26 @@ def _dead_rows(q0, qs, plan):
     return dead_rows(q0, qs, plan.sq, plan.sk, _bounds(plan))
 
 
-def _load_sink(sinks, h, qs):
-    """The sink logit of head ``h`` on each of ``qs`` rows (``[qs, 1]`` fp32, from the
-    op's ``[H, 128, 1]`` broadcast of it), or None without sinks."""
+def _load_sink(sinks, h, qs, cache):
+    """The sink logit of head ``h`` on each of ``qs`` rows (a ``[qs, 1]`` fp32 view of a
+    ``[q_tile, 1]`` column loaded from the op's ``[H, 128, 1]`` broadcast of it once per
+    head and kernel: ``cache`` holds the columns by head), or None without sinks."""
     if sinks is None:
         return None
-    col = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink")
-    nisa.dma_copy(dst=col, src=sinks[h, 0:qs, 0:1])
-    return col
+    if cache[h] is None:
+        col = nl.ndarray((sinks.shape[1], 1), dtype=nl.float32, buffer=nl.sbuf, name="sink")
+        nisa.dma_copy(dst=col, src=sinks[h, :, :])
+        cache[h] = col
+    return cache[h][0:qs, 0:1]
 
 
-def _open_query_tile(q, sinks, b, h, q0, plan):
+def _open_query_tile(q, sink, b, h, q0, plan):
     """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T."""
     qs = min(plan.q_tile, plan.sq - q0)
     # Keys in [k_start, k_end) are visible to some row of the tile.
     k_start, k_end, _, _ = key_bounds(q0, qs, plan.sq, plan.sk, _bounds(plan))
     n_dead = _dead_rows(q0, qs, plan)
-    state = OnlineTile(
-        h, q0, qs, k_start, k_end, n_dead, None, None, None, None, None, _load_sink(sinks, h, qs)
-    )
+    state = OnlineTile(h, q0, qs, k_start, k_end, n_dead, None, None, None, None, None, sink)
     if k_end > k_start:
         q_t = nl.ndarray(
             (min(plan.d_tile, plan.d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
@@ -1234,7 +1235,7 @@ def _drain(pending, out, lse, b, q_dtype, plan):
         _close_query_tile(s, out, lse, b, plan)
 
 
-def _attend_kv_head(q, k, v, sinks, out, lse, kv, b, kvh, tiles, plan):
+def _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan):
     """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
     ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
     key tiles and across groups: the next key tile's scores and max (the next group's
@@ -1244,7 +1245,9 @@ def _attend_kv_head(q, k, v, sinks, out, lse, kv, b, kvh, tiles, plan):
     for t0 in range(0, len(tiles), plan.q_group):
         states = []
         for h, q0 in tiles[t0 : t0 + plan.q_group]:
-            states.append(_open_query_tile(q, sinks, b, h, q0, plan))
+            qs = min(plan.q_tile, plan.sq - q0)
+            sink = _load_sink(sinks, h, qs, sink_cols)
+            states.append(_open_query_tile(q, sink, b, h, q0, plan))
         last = None
         kt = vb = None
         if kv is not None:
@@ -1558,7 +1561,7 @@ def _close_two_pass(qt, out, lse, b, plan):
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
-def _two_pass_kv_head(q, sinks, out, lse, kt, vb, b, tiles, plan):
+def _two_pass_kv_head(q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan):
     """Every (head, q0) query tile of one KV head in two passes over its keys, software-
     pipelined over the flat list of (query tile, key tile) steps: at step ``i`` the max
     pass runs ``plan.lead`` steps ahead (so a tile's max is known before its exps), the exp
@@ -1569,7 +1572,7 @@ def _two_pass_kv_head(q, sinks, out, lse, kt, vb, b, tiles, plan):
     steps = []  # (query tile, key tile), in order
     for h, q0 in tiles:
         qt = _query_tile(h, q0, plan)
-        qt.sink = _load_sink(sinks, h, qt.qs)
+        qt.sink = _load_sink(sinks, h, qt.qs, sink_cols)
         if not qt.keys:  # no key is visible to any row of the tile
             _close_two_pass(qt, out, lse, b, plan)
             continue
@@ -1636,13 +1639,14 @@ def flash_attention_fwd_kernel(q, k, v, sinks, plan):
     )
     out = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="out")
     lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="lse")
+    sink_cols = [None] * H  # per head: its sink column, loaded once (sinks only)
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
         if plan.softmax == "two_pass":
-            _two_pass_kv_head(q, sinks, out, lse, kv[0], kv[1], b, tiles, plan)
+            _two_pass_kv_head(q, sinks, sink_cols, out, lse, kv[0], kv[1], b, tiles, plan)
         else:
-            _attend_kv_head(q, k, v, sinks, out, lse, kv, b, kvh, tiles, plan)
+            _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan)
     return out, lse
 
 
