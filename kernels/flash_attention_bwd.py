@@ -200,6 +200,7 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     left: int  # keys a query sees before its diagonal, -1 unbounded (window_bounds)
     right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
     softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
+    tanh_blocks: int  # softcap: key blocks whose tanh tiles are made ahead (2, 1; 0: per pair)
     tile_q: int  # query rows per tile (partitions of the score tiles)
     tile_k: int  # keys per tile
     q_block: int  # query tiles per pass
@@ -273,10 +274,19 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     q_side = 2 * q_side + d * 4  # this pass and the next (prefetch); one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
     softcap = float(problem.get("softcap", 0.0))
-    if softcap:  # two key blocks of tanh tiles (made ahead), t^2 and P (1 - t^2) of a pair
-        pair += 2 * kv_block * n_qt * keys * 4 + (lag + 1) * 2 * keys * 4
+    if softcap:  # t^2 and P (1 - t^2) of the pairs in flight
+        pair += (lag + 1) * 2 * keys * 4
     staging = d * item  # one output tile in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
+    # softcap: the tanh tiles of 2 key blocks made ahead (this one's and the next's), else
+    # of 1, else each pair's own: as many as SBUF holds.
+    tanh_blocks = 0
+    if softcap:
+        block_tiles = kv_block * n_qt * keys * 4
+        tanh_blocks = 2
+        while tanh_blocks > 0 and sbuf + tanh_blocks * block_tiles > target.sbuf_usable_bytes:
+            tanh_blocks -= 1
+        sbuf += tanh_blocks * block_tiles if tanh_blocks else keys * 4
 
     # PSUM: S and dP (one bank, side by side); dQ's sum; dK's and dV's sums (a block's, or
     # one pair's partials); the dS^T of a PE transpose; one bank for the PE transposes of
@@ -296,6 +306,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         left=bounds[0],
         right=bounds[1],
         softcap=softcap,
+        tanh_blocks=tanh_blocks,
         tile_q=tq,
         tile_k=tk,
         q_block=config.q_block,
@@ -975,7 +986,9 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
                             ahead, dst_tiles = next_block, kv_next
                     if ahead >= 0 and first:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
-                    if plan.softcap and first and tanhs[n] is None:
+                    if plan.softcap and plan.tanh_blocks == 0:
+                        tanhs[n] = _tanh_scores(qs, kv_tiles[pair.j], pair, scale, plan)
+                    if plan.softcap and plan.tanh_blocks > 0 and first and tanhs[n] is None:
                         # tanh of the whole key block's pairs at once: ScalarE switches
                         # its activation table (tanh, exp) twice per block, not per pair
                         m = n
@@ -986,7 +999,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
                     tanhs[n] = None
                     if ahead >= 0 and last:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
-                        if plan.softcap and dst_tiles is kv_tiles:
+                        if plan.softcap and plan.tanh_blocks == 2 and dst_tiles is kv_tiles:
                             # the next key block of this pass is loaded: its tanh burst now,
                             # while this block's pairs drain, not when its first pair starts
                             m = n + 1

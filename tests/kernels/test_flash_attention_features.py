@@ -404,3 +404,28 @@ def test_plans_bound_the_measured_peaks_with_every_feature(spec):
     plan = spec.check(spec.problem(*args), "bfloat16", spec.config.default(), "trn2")
     peak = runs[0].memory[0]
     assert peak.sbuf_bytes <= plan.sbuf_bytes and peak.psum_banks <= plan.psum_banks, (peak, plan)
+
+
+@pytest.mark.parametrize("tanh_blocks", [0, 1, 2])
+def test_softcap_backward_at_every_tanh_lookahead(tanh_blocks, monkeypatch):
+    """The backward's softcap tanh tiles made per pair (0), per key block (1) or a block
+    ahead (2, SBUF permitting: the plan picks the most that fit) give the same gradients
+    within the declared tolerance, over several key blocks and passes (tile_k 64)."""
+    import dataclasses
+
+    spec = fab.SPEC
+
+    def forced(problem, dtype, config, target, lnc=1):
+        return dataclasses.replace(
+            spec.plan(problem, dtype, config, target, lnc), tanh_blocks=tanh_blocks
+        )
+
+    monkeypatch.setattr(fab, "SPEC", dataclasses.replace(spec, plan=forced))
+    problem = _bwd_problem(600, 700, True, 300, -1, softcap=20.0)
+    args = spec.make_inputs(problem, "float32", torch.Generator().manual_seed(8))
+    grads = fab.run_kernels(*args, config=spec.config(tile_k=64, q_block=4), runner=_interp())
+    assert_within_tolerance(grads, spec.reference(*args), spec.tolerances["float32"], "[tanh]")
+
+
+def _interp():
+    return interpreter_runner_for("trn2")
