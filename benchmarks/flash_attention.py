@@ -5,6 +5,14 @@ Every number is *modeled* (interpreter trace, trace-only, scheduled by the cost 
 none is a measurement. Run it by hand::
 
     python benchmarks/flash_attention.py [--seq 4096] [--groups 1] [--skip-backward]
+    python benchmarks/flash_attention.py --lnc 1 --seq 8192 --window 1024 0
+    python benchmarks/flash_attention.py --lnc 1 --seq 4096 --softcap 50 --sinks
+
+With ``--window``, ``--softcap`` or ``--sinks`` it runs causal attention twice, without
+and with those features, and prints the forward+backward latency of each and their ratio
+(modeled, per logical core at the LNC given; at ``--lnc 1``, one physical core). The
+issue's bars: a causal window (1024, 0) at S=8192 costs at most 1.25 x 2 x 1024 / 8192
+of full causal; softcap and sinks add at most 10% at S=4096.
 
 Head subsampling: the kernels loop over (batch, KV head) groups that share nothing but
 the core, so one KV group (Hkv=1 with its H/Hkv query heads: the full GQA reuse of K/V)
@@ -94,6 +102,16 @@ def main(argv=None) -> None:
         default=None,
         help="launch LNC (default: NEURON_LOGICAL_NC_CONFIG, else the target's: trn2 2)",
     )
+    parser.add_argument(
+        "--window",
+        type=int,
+        nargs=2,
+        metavar=("LEFT", "RIGHT"),
+        default=None,
+        help="compare causal attention with this window (-1: unbounded side) against none",
+    )
+    parser.add_argument("--softcap", type=float, default=0.0, help="compare with this softcap")
+    parser.add_argument("--sinks", action="store_true", help="compare with attention sinks")
     args = parser.parse_args(argv)
     b, h, hkv, s, d = args.batch, args.heads, args.kv_heads, args.seq, args.head_dim
     if h % hkv:
@@ -113,6 +131,9 @@ def main(argv=None) -> None:
     )
     traced_heads = group * lnc  # query heads in the trace: useful FLOPs are counted on them
     q, k, v = _inputs(1, traced_heads, lnc, s, d)
+    if args.window is not None or args.softcap or args.sinks:
+        _compare_features(args, q, k, v, lnc, scale)
+        return
     for causal in (False, True):
         print(f"causal={causal}")
         fwd, (out, lse), wall_f = _profile(FWD, (q, k, v, causal, None), lnc)
@@ -137,6 +158,48 @@ def main(argv=None) -> None:
             "backward >= 57%, fwd+bwd >= 55%)"
         )
         print(f"  (trace + model wall time: forward {wall_f:.0f} s, backward {wall_b:.0f} s)")
+
+
+def _fwd_bwd_latency(q, k, v, lnc, scale, features):
+    """Modeled forward and backward latency (ns, scaled to the launch) of causal attention
+    with ``features`` = (window, softcap, sinks)."""
+    fwd, (out, lse), _ = _profile(FWD, (q, k, v, True, None, *features), lnc)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
+    bwd, _, _ = _profile(BWD, (dout, q, k, v, out, lse, True, None, *features), lnc)
+    return fwd.latency_ns * scale, bwd.latency_ns * scale
+
+
+def _compare_features(args, q, k, v, lnc, scale):
+    """Causal attention without and with the requested window / softcap / sinks: the
+    forward, backward and forward+backward latency of each and their ratio (modeled)."""
+    sinks = None
+    if args.sinks:
+        sinks = torch.randn(q.shape[1], generator=torch.Generator().manual_seed(2))
+    window = None if args.window is None else tuple(args.window)
+    features = (window, args.softcap, sinks)
+    named = [f"window={window}"] if window is not None else []
+    named += [f"softcap={args.softcap}"] if args.softcap else []
+    named += ["sinks"] if args.sinks else []
+    unit = "one physical core" if lnc == 1 else f"one logical core ({lnc} physical)"
+    print(f"modeled, per {unit} at LNC={lnc}: causal vs causal + {', '.join(named)}")
+    base = _fwd_bwd_latency(q, k, v, lnc, scale, (None, 0.0, None))
+    feat = _fwd_bwd_latency(q, k, v, lnc, scale, features)
+    for name, a, b in (
+        ("forward", base[0], feat[0]),
+        ("backward", base[1], feat[1]),
+        ("forward+backward", sum(base), sum(feat)),
+    ):
+        print(
+            f"  {name:<16} causal {a / 1e3:>9.1f} us   with features {b / 1e3:>9.1f} us   "
+            f"ratio {b / a:.3f} (modeled)"
+        )
+    if window is not None and window[1] == 0 and window[0] > 0:
+        bar = 1.25 * 2 * window[0] / args.seq
+        verdict = "PASS" if sum(feat) / sum(base) <= bar else "FAIL"
+        print(f"  window bar: ratio <= 1.25 x 2 x {window[0]} / {args.seq} = {bar:.3f}: {verdict}")
+    elif window is None:
+        verdict = "PASS" if sum(feat) / sum(base) <= 1.10 else "FAIL"
+        print(f"  softcap/sinks bar: ratio <= 1.10: {verdict}")
 
 
 if __name__ == "__main__":

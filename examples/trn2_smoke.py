@@ -21,6 +21,11 @@ Checks:
         compiled as a function), against the same computation in plain torch on CPU in
         float64, held to the op's declared tolerance for the dtype. Without torch-neuronx
         these run on CPU tensors, the kernels on the NKI interpreter, with ``aot_eager``.
+    flash_attention window / softcap / sinks: one line each, the op eagerly with a causal
+        sliding window (64, 0), a logit softcap of 30, or per-head attention sinks, its
+        output and its gradients (q, k, v, and the sinks) through autograd (the backward
+        kernel) against fp64 autograd of the reference on CPU, held to the forward's and
+        the backward op's declared tolerances.
 """
 
 from __future__ import annotations
@@ -85,6 +90,49 @@ def _op_check(name: str, dtype: str, device: str, fn):
 
     def check():
         return _within(fn(*on_device), want, spec.tolerances[dtype])
+
+    return check
+
+
+# The attention features, each on the flash_attention problem above (causal).
+FEATURES = {
+    "window": {"window_left": 64, "window_right": 0},
+    "softcap": {"softcap": 30.0},
+    "sinks": {"sinks": True},
+}
+
+
+def _feature_check(extra: dict, dtype: str, device: str):
+    """flash_attention with one feature, eagerly on ``device``: its output and its
+    gradients (q, k, v, sinks) through autograd against fp64 autograd of the reference."""
+    spec = REGISTRY["flash_attention"]
+    bwd = REGISTRY["flash_attention_bwd"]
+    args = spec.make_inputs(
+        {**PROBLEMS["flash_attention"], **extra}, dtype, torch.Generator().manual_seed(0)
+    )
+    weight = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(1))
+
+    def leaves(to):
+        """The inputs moved to ``to`` (a dtype or a device), tensors as autograd leaves."""
+        return [
+            a.detach().to(to).requires_grad_(True) if isinstance(a, torch.Tensor) else a
+            for a in args
+        ]
+
+    def check():
+        ref_leaves = leaves(torch.float64)
+        ref = spec.reference(*ref_leaves, upcast=True)
+        (ref * weight.double()).sum().backward()
+        ours = leaves(device)
+        window = list(ours[5]) if ours[5] is not None else None
+        out = torch.ops.neuron.flash_attention(*ours[:5], window, *ours[6:])
+        (out.float() * weight.to(device)).sum().backward()
+        results = [_within(out, ref, spec.tolerances[dtype])]
+        for got, want in zip(ours, ref_leaves):
+            if isinstance(got, torch.Tensor):
+                results.append(_within(got.grad, want.grad, bwd.tolerances[dtype]))
+        worst = max(results, key=lambda r: float(r[1].split()[2]))
+        return all(ok for ok, _ in results), worst[1]
 
     return check
 
@@ -167,7 +215,7 @@ def _op_checks(dtype: str) -> bool:
         f"target {target.name}; LNC {launch_lnc(target)}; dtype {dtype}"
     )
     ops = {
-        "flash_attention": lambda q, k, v, causal, scale: torch.ops.neuron.flash_attention(
+        "flash_attention": lambda q, k, v, causal, scale, *_: torch.ops.neuron.flash_attention(
             q, k, v, causal=causal, softmax_scale=scale
         ),
         "rms_norm": lambda x, w, eps, offset, mode: torch.ops.neuron.rms_norm(
@@ -182,6 +230,8 @@ def _op_checks(dtype: str) -> bool:
             compiled = torch.compile(fn, backend=backend, fullgraph=True)
             ok &= _report(f"{name} eager", _op_check(name, dtype, device, fn))
             ok &= _report(f"{name} compiled", _op_check(name, dtype, device, compiled))
+        for feature, extra in FEATURES.items():
+            ok &= _report(f"flash_attention {feature}", _feature_check(extra, dtype, device))
         ok &= _report("FusedAdamW eager", _adamw_check(dtype, device, lambda o: o.step()))
         ok &= _report(
             "FusedAdamW compiled",

@@ -9,12 +9,38 @@ q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` with ``H % Hkv == 0`` (GQA/MQA:
 
 The contract both directions keep:
     - ``lse [B, H, Sq]`` float32 is ``log(sum_j exp(scale * q_i . k_j))`` over the unmasked
-      ``j`` (natural log, scale included): the one layout the backward consumes.
+      ``j`` (natural log, scale included; the capped scores with a softcap, plus
+      ``exp(sink_h)`` with sinks, below): the one layout the backward consumes.
     - causal with ``Sq != Sk`` aligns to the bottom-right corner (FlashAttention 2): query
       ``i`` sees key ``j`` iff ``j <= i + (Sk - Sq)``. When ``Sq > Sk`` the first
       ``Sq - Sk`` query rows see no key: such fully masked rows give ``out = 0`` and
       ``lse = -inf`` (never NaN).
     - ``softmax_scale=None`` means ``1 / sqrt(D)``.
+    - ``window=(left, right)`` (FlashAttention's ``window_size``; None is ``(-1, -1)``, -1
+      is unbounded on that side), aligned bottom-right like causal: query ``i`` sees key
+      ``j`` iff ``i + (Sk - Sq) - left <= j <= i + (Sk - Sq) + right``. With ``causal``
+      the causal bound also holds (the intersection). Rows that see no key give
+      ``out = 0`` and ``lse = -inf`` as above. Tiles no row sees are skipped at trace
+      time (a window of W keys costs O(S * W) tiles), tiles a window edge crosses are
+      masked (GpSimd ``affine_select``, one per edge that crosses).
+    - ``softcap > 0``: the scaled scores ``s = scale * q . k`` become
+      ``softcap * tanh(s / softcap)`` before the softmax (FlashAttention, Gemma 2; the scale
+      first); lse is over the capped scores; the backward multiplies by
+      ``d(capped)/ds = 1 - tanh^2``. The kernels keep ``t = tanh(s / softcap)`` (ScalarE's
+      tanh, reading PSUM) in SBUF and exponentiate ``softcap * t``. 0 is off.
+    - ``sinks [H]`` (gpt-oss; float32 or q's dtype): one learned logit per query head
+      that joins every row's softmax denominator: ``lse_i = log(sum_j exp(s_ij) +
+      exp(sink_h))`` (so lse includes the sink, and the backward's ``P = exp(s - lse)``
+      stays right), ``out_i = sum_j exp(s_ij - lse_i) v_j``. A sink of -inf is no sink. A
+      row that sees no key gets ``out = 0`` and ``lse = sink_h``. The kernels fold the sink
+      into the row max (``max(m, sink)``) and the row sum. Its gradient
+      ``dsink_h = -sum_{b,i} exp(sink_h - lse_{b,h,i}) D_{b,h,i}`` with
+      ``D_i = sum_d dO_id O_id``: the backward kernel writes each row's term from the
+      ``-lse`` and ``-D`` columns it already holds, and the op sums them over (b, i) in
+      torch (a head's rows lie in several query passes and, at LNC=2, on both cores; an
+      in-kernel sum would need a cross-core reduction for one scalar per head).
+      ``flash_attention_bwd`` returns ``(dq, dk, dv, dsinks)``, dsinks in sinks' dtype, an
+      empty float32 tensor without sinks.
 
 The forward kernel, two-pass softmax (the default; K/V resident in SBUF)::
 
@@ -75,16 +101,19 @@ __all__ = [
     "FlashAttentionConfig",
     "FlashAttentionPlan",
     "attention_reference",
-    "causal_key_bounds",
     "causal_visible",
+    "dead_rows",
     "flash_attention_fwd_kernel",
-    "mask_causal",
+    "key_bounds",
+    "mask_window",
     "matmul_over_d",
     "plan",
     "resolve_scale",
     "tile_visibility",
     "transpose_blocks",
     "validate_attention",
+    "visible",
+    "window_bounds",
 ]
 
 OP = "flash_attention"
@@ -104,42 +133,86 @@ def resolve_scale(softmax_scale: float | None, head_dim: int) -> float:
 
 def causal_visible(sq: int, sk: int, device=None) -> torch.Tensor:
     """``[Sq, Sk]`` bool: query ``i`` sees key ``j`` iff ``j <= i + (Sk - Sq)`` (bottom-right)."""
-    i = torch.arange(sq, device=device).unsqueeze(1)
+    return visible(sq, sk, True, None, device)
+
+
+def window_bounds(causal: bool, window=None) -> tuple[int, int]:
+    """``(left, right)`` keys a query sees before and after its own diagonal, ``-1`` for
+    unbounded, with ``causal`` folded in (it bounds ``right`` by 0): the one pair the plans,
+    the masks and the reference read. ``window`` is the op's (None: ``(-1, -1)``)."""
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def visible(sq: int, sk: int, causal=False, window=None, device=None) -> torch.Tensor:
+    """``[Sq, Sk]`` bool: query ``i`` sees key ``j`` iff
+    ``i + (Sk - Sq) - left <= j <= i + (Sk - Sq) + right`` (a side with -1 unbounded; causal
+    bounds ``right`` by 0), aligned bottom-right: the reference's mask."""
+    left, right = window_bounds(causal, window)
+    i = torch.arange(sq, device=device).unsqueeze(1) + (sk - sq)
     j = torch.arange(sk, device=device).unsqueeze(0)
-    return j <= i + (sk - sq)
+    seen = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if right >= 0:
+        seen = seen & (j <= i + right)
+    if left >= 0:
+        seen = seen & (j >= i - left)
+    return seen
 
 
-def causal_key_bounds(q0: int, n_q: int, sq: int, sk: int, causal: bool) -> tuple[int, int]:
-    """``(k_all, k_end)`` for the query rows ``[q0, q0 + n_q)``: keys ``j < k_all`` are
-    visible to every row, keys ``j < k_end`` to some row (query ``i`` sees key ``j`` iff
-    ``j <= i + Sk - Sq``, bottom-right); both ``Sk`` without the mask. Either may be <= 0:
-    rows before ``Sq - Sk`` see no key. The one statement of the diagonal the forward and
-    the backward plan and trace their tiles by (:func:`causal_visible` is the reference's)."""
-    if not causal:
-        return sk, sk
-    offset = sk - sq
-    return q0 + offset + 1, min(sk, q0 + n_q + offset)
+def key_bounds(q0: int, n_q: int, sq: int, sk: int, bounds) -> tuple[int, int, int, int]:
+    """``(k_start, k_end, a_start, a_end)`` for the query rows ``[q0, q0 + n_q)`` under the
+    window ``bounds = (left, right)`` (:func:`window_bounds`): keys in ``[k_start, k_end)``
+    are visible to some row, keys in ``[a_start, a_end)`` to every row (empty when
+    ``a_start >= a_end``); all clipped to ``[0, Sk]``. ``k_end <= k_start``: no row sees a
+    key. The one statement of the window the forward and the backward plan and trace
+    their tiles by (:func:`visible` is the reference's)."""
+    left, right = bounds
+    off = sk - sq
+    first, last = q0 + off, q0 + n_q - 1 + off  # the diagonals of the first and last row
+    k_start = max(0, first - left) if left >= 0 else 0
+    a_start = max(0, last - left) if left >= 0 else 0
+    k_end = max(0, min(sk, last + right + 1)) if right >= 0 else sk
+    a_end = max(0, min(sk, first + right + 1)) if right >= 0 else sk
+    return k_start, k_end, a_start, a_end
 
 
-def tile_visibility(q0: int, n_q: int, k0: int, n_k: int, sq: int, sk: int, causal: bool) -> str:
-    """How the query rows ``[q0, q0 + n_q)`` see the keys ``[k0, k0 + n_k)``: "none" (no
-    row sees any: the tile is skipped), "all" (every row sees every key: no mask) or "some"
-    (the causal diagonal crosses the tile: it is masked). A trace-time decision."""
-    k_all, k_end = causal_key_bounds(q0, n_q, sq, sk, causal)
-    if k0 >= k_end:
+def tile_visibility(q0: int, n_q: int, k0: int, n_k: int, sq: int, sk: int, bounds) -> str:
+    """How the query rows ``[q0, q0 + n_q)`` see the keys ``[k0, k0 + n_k)`` under the window
+    ``bounds``: "none" (no row sees any: the tile is skipped), "all" (every row sees every
+    key: no mask) or "some" (a window edge crosses the tile: it is masked). A trace-time
+    decision."""
+    k_start, k_end, a_start, a_end = key_bounds(q0, n_q, sq, sk, bounds)
+    if k0 >= k_end or k0 + n_k <= k_start:
         return "none"
-    if k0 + n_k <= k_all:
+    if a_start <= k0 and k0 + n_k <= a_end:
         return "all"
     return "some"
 
 
-def validate_attention(op_name: str, q, k, v, causal=False, softmax_scale=None) -> None:
+def dead_rows(q0: int, n_q: int, sq: int, sk: int, bounds) -> int:
+    """Leading rows of the query rows ``[q0, q0 + n_q)`` that see no key: those whose last
+    visible key ``i + (Sk - Sq) + right`` is before key 0 (a bounded ``right``: causal with
+    Sq > Sk, or a window). The left bound never empties a row (``i - left <= i``, and row
+    ``i``'s diagonal is below Sk), so such rows are always a prefix."""
+    right = bounds[1]
+    if right < 0:
+        return 0
+    return min(n_q, max(0, -(sk - sq + right) - q0))
+
+
+def validate_attention(
+    op_name: str, q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+) -> None:
     """Refuse bad attention input before any work, naming the argument and the value.
 
     Checks: tensors, rank 4 (BHSD), the head dim agreeing across q/k/v and within
     ``[1, MAX_HEAD_DIM]``, ``H % Hkv == 0``, B of k and v equal to q's, k and v agreeing on
-    (B, Hkv, Sk), dtypes (one of :data:`DTYPES`, all equal), one device, ``causal`` a bool
-    and ``softmax_scale`` None or a finite float.
+    (B, Hkv, Sk), dtypes (one of :data:`DTYPES`, all equal), one device, ``causal`` a bool,
+    ``softmax_scale`` None or a finite float, ``window`` None or two ints each >= -1,
+    ``softcap`` a finite float >= 0 and ``sinks`` None or a ``[H]`` tensor in float32 or
+    q's dtype on q's device.
 
     Raises:
         LimitError: with ``op = op_name`` and ``arg`` naming the argument at fault.
@@ -215,15 +288,76 @@ def validate_attention(op_name: str, q, k, v, causal=False, softmax_scale=None) 
         and math.isfinite(softmax_scale)
     ):
         raise LimitError(op_name, "softmax_scale", "must be None or a finite float", softmax_scale)
+    _validate_features(op_name, q, window, softcap, sinks)
 
 
-def attention_reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
+def _validate_features(op_name, q, window, softcap, sinks) -> None:
+    """The window, softcap and sinks checks of :func:`validate_attention`."""
+    if window is not None:
+        if not isinstance(window, (list, tuple)) or len(window) != 2:
+            raise LimitError(
+                op_name, "window", "must be None or two ints (left, right)", repr(window), limit=2
+            )
+        for side, w in zip(("left", "right"), window):
+            if isinstance(w, bool) or not isinstance(w, (int, torch.SymInt)):
+                raise LimitError(op_name, "window", f"{side} must be an int", repr(window))
+            if w < -1:
+                raise LimitError(
+                    op_name,
+                    "window",
+                    f"{side} must be >= -1 (-1: unbounded)",
+                    repr(window),
+                    limit=-1,
+                )
+    if (
+        isinstance(softcap, bool)
+        or not isinstance(softcap, (int, float))
+        or not math.isfinite(softcap)
+        or softcap < 0
+    ):
+        raise LimitError(
+            op_name, "softcap", "must be a finite float >= 0 (0: off)", repr(softcap), limit=0.0
+        )
+    if sinks is None:
+        return
+    h = q.shape[1]
+    if not isinstance(sinks, torch.Tensor):
+        raise LimitError(op_name, "sinks", "must be None or a torch.Tensor", type(sinks).__name__)
+    if tuple(sinks.shape) != (h,):
+        raise LimitError(
+            op_name, "sinks shape", f"must be [H] = ({h},)", tuple(sinks.shape), limit=(h,)
+        )
+    allowed = ("float32", dtype_name(q))
+    if dtype_name(sinks) not in allowed:
+        raise LimitError(
+            op_name, "sinks dtype", "must be float32 or q's dtype", dtype_name(sinks), limit=allowed
+        )
+    if sinks.device != q.device:
+        raise LimitError(
+            op_name, "sinks device", f"must equal q's device ({q.device})", str(sinks.device)
+        )
+
+
+def attention_reference(
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    upcast=True,
+):
     """Plain-torch attention: ``(out [B, H, Sq, D], lse [B, H, Sq] float32)``.
 
     fp64 when ``upcast`` (both outputs float64), else fp32 math with ``out`` in q's dtype
     and ``lse`` float32 (the op's output dtypes).
-    GQA by broadcasting (no repeated K/V), causal bottom-right, fully masked rows give
-    ``out = 0`` and ``lse = -inf``; differentiable (gradients finite on masked rows).
+    GQA by broadcasting (no repeated K/V), causal and window bottom-right (:func:`visible`),
+    ``softcap > 0`` caps the scaled scores to ``softcap * tanh(s / softcap)``, ``sinks``
+    adds ``exp(sink_h)`` to each row's softmax denominator (and to its lse). Fully masked
+    rows give ``out = 0`` and ``lse = sink_h`` (``-inf`` without sinks); differentiable
+    (gradients finite on masked rows).
     """
     b, h, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -234,13 +368,22 @@ def attention_reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
     kc = k.to(compute).unsqueeze(2)  # [B, Hkv, 1, Sk, D]: broadcast over the group
     vc = v.to(compute).unsqueeze(2)
     scores = torch.matmul(qc, kc.transpose(-1, -2)) * scale  # [B, Hkv, G, Sq, Sk]
-    if causal:
-        scores = scores.masked_fill(~causal_visible(sq, sk, q.device), float("-inf"))
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    left, right = window_bounds(causal, window)
+    if left >= 0 or right >= 0:
+        scores = scores.masked_fill(~visible(sq, sk, causal, window, q.device), float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True) if sk else scores.new_zeros((*scores.shape[:-1], 1))
+    sink = None
+    if sinks is not None:
+        sink = sinks.to(compute).reshape(1, hkv, groups, 1, 1)
+        row_max = torch.maximum(row_max, sink.expand_as(row_max))
     # A shift by a constant leaves softmax unchanged: detach it, and use 0 on masked rows.
     shift = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max).detach()
     weights = torch.exp(scores - shift)  # exactly 0 where masked
     row_sum = weights.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        row_sum = row_sum + torch.exp(sink - shift)
     safe_sum = torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
     out = torch.matmul(weights, vc) / safe_sum
     lse = (shift + torch.log(row_sum)).squeeze(-1)  # log(0) = -inf on fully masked rows
@@ -252,6 +395,12 @@ def attention_reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
 
 
 # -- tunables and the tile plan -----------------------------------------------------------
+
+# Two-pass with a softcap: key tiles whose max pass (tanh on ScalarE) is issued at once.
+# Modeled: each switch of ScalarE's activation table between tanh and exp costs 1.3 us
+# (cost_model act_table_switch_ns, an unpublished, low-confidence figure); in bursts of 16
+# the switches cost 2 per 16 key tiles, not 2 per key tile.
+MAX_BURST = 16
 
 # Masked scores (already scaled) become this: exp(MASK_FILL - max) is exactly 0 in fp32, and
 # unlike -inf it never meets another infinity in `max - max` on a row with no visible key.
@@ -345,6 +494,9 @@ class FlashAttentionPlan(nl.NKIObject):
     sk: int
     d: int
     causal: bool
+    left: int  # keys a query sees before its diagonal, -1 unbounded (window_bounds)
+    right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
+    softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
     scale: float  # the softmax scale in use
     q_tile: int  # query rows per tile: the partition count
     d_tile: int  # contraction rows of D per matmul: the partition count
@@ -361,6 +513,7 @@ class FlashAttentionPlan(nl.NKIObject):
     softmax: str  # "two_pass" (K/V resident) or "online" (the config's, or online if streamed)
     p_dma_tiles: int  # two-pass: key tiles of every 4 whose P^T is made by DMA (0: none)
     lead: int  # two-pass: key tiles the max pass runs ahead of the exp pass
+    max_burst: int  # two-pass: key tiles whose max pass is issued at once (softcap: > 1)
     lag_transpose: int  # two-pass: key tiles P^T runs behind its exp
     lag_pv: int  # two-pass: key tiles P V runs behind its exp
     lag_close: int  # two-pass: key tiles a query tile's close runs behind its exp
@@ -394,24 +547,26 @@ def split_groups(b, hkv, group, tiles, costs, lnc):
     return tuple(tuple(share) for share in shares)
 
 
-def query_tiles(group: int, sq: int, sk: int, q_tile: int, causal: bool):
+def query_tiles(group: int, sq: int, sk: int, q_tile: int, causal: bool, window=None):
     """A group's query tiles ``(head within the group, q0)`` in the kernel's order, and
-    each one's cost: the keys it sees (all of Sk, or up to the causal diagonal, aligned
-    bottom-right) plus one tile of fixed work (its load, close and store)."""
+    each one's cost: the keys it sees (all of Sk, or those within the causal diagonal and
+    the window, aligned bottom-right) plus one tile of fixed work (its load, close and
+    store)."""
     tiles, costs = [], []
+    bounds = window_bounds(causal, window)
     for g in range(group):
         for q0, qs in tiled(sq, q_tile):
             tiles.append((g, q0))
-            _, k_end = causal_key_bounds(q0, qs, sq, sk, causal)
-            costs.append(max(0, k_end) + q_tile)
+            k_start, k_end, _, _ = key_bounds(q0, qs, sq, sk, bounds)
+            costs.append(max(0, k_end - k_start) + q_tile)
     return tiles, costs
 
 
-def _two_pass_budget(sk, d, d_tiles, q_tile, item, causal, config, kv_chunks, lags):
+def _two_pass_budget(sk, d, d_tiles, q_tile, item, masked, config, kv_chunks, lags):
     """(SBUF bytes per partition, PSUM banks) of the two-pass forward, for its pipeline
     ``lags = (lead, q_prefetch, lag_pv, lag_close)``: K^T and V resident; P and P^T live
     from a key tile's exp to its P V (``lag_pv + 1`` key tiles), masked scores from its max
-    pass to its exp (``lead + 1``, causal only); each query tile with a step between its
+    pass to its exp (``lead + 1``, when a window edge or the diagonal masks); each query tile with a step between its
     q^T load and its close holds q^T, its per-key-tile max columns and [q, 1] columns and
     its output rows."""
     lead, q_prefetch, lag_pv, lag_close = lags
@@ -421,7 +576,7 @@ def _two_pass_budget(sk, d, d_tiles, q_tile, item, causal, config, kv_chunks, la
         sbuf += 2 * d * item  # q rows awaiting their TensorE transpose
     chunks = ceil_div(config.k_tile, q_tile)
     sbuf += (lag_pv + 1) * (config.k_tile * item + chunks * q_tile * item)  # P, P^T
-    if causal:
+    if masked:
         sbuf += (lead + 1) * config.k_tile * 4  # masked scores
     per_query_tile = d_tiles * q_tile * item + (2 * key_tiles + 8) * 4 + d * item
     sbuf += (lead + q_prefetch + lag_close + 2) * per_query_tile
@@ -443,6 +598,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     b, h, hkv = problem["b"], problem["h"], problem["hkv"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     causal = bool(problem.get("causal", False))
+    window = (problem.get("window_left", -1), problem.get("window_right", -1))
+    left, right = window_bounds(causal, window)
+    softcap = float(problem.get("softcap", 0.0))
     scale = resolve_scale(problem.get("scale"), d)
     if config.load_transpose == "dma":
         target.check_dma_transpose(OP, "config load_transpose", dtype, ITEMSIZE[dtype])
@@ -486,10 +644,32 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     p_dma_tiles = config.p_dma_tiles if dma_ok else 0
     key_tiles = ceil_div(sk, config.k_tile)
     lead, lag_t, lag_pv, lag_close, q_prefetch = key_tiles + 1, 2, 6, 7, 4
+    if left >= 0:
+        # A left edge adds up to 4 spans to a query tile (the edges' tiles split into
+        # masked and raw runs); the max pass must still end before the tile's first exp.
+        lead += 4
+    # softcap: the max pass's tanh (ScalarE) runs in bursts of max_burst key tiles, so the
+    # activation table switches between tanh and exp once per burst, not per key tile.
+    # The longest burst (16, 8, .., 1) whose scores held from max pass to exp fit SBUF.
+    max_burst = MAX_BURST if softcap > 0 and softmax == "two_pass" else 1
+    while softmax == "two_pass" and max_burst > 1:
+        lags = (lead + max_burst - 1, q_prefetch, lag_pv, lag_close)
+        budget = _two_pass_budget(sk, d, d_tiles, q_tile, item, True, config, kv_chunks, lags)
+        if budget[0] <= target.sbuf_usable_bytes:
+            break
+        max_burst //= 2
     if softmax == "two_pass":
-        lags = (lead, q_prefetch, lag_pv, lag_close)
+        lags = (lead + max_burst - 1, q_prefetch, lag_pv, lag_close)
         sbuf, banks = _two_pass_budget(
-            sk, d, d_tiles, q_tile, item, causal, config, kv_chunks, lags
+            sk,
+            d,
+            d_tiles,
+            q_tile,
+            item,
+            left >= 0 or right >= 0 or softcap > 0,
+            config,
+            kv_chunks,
+            lags,
         )
     return FlashAttentionPlan(
         b=b,
@@ -499,6 +679,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         sk=sk,
         d=d,
         causal=causal,
+        left=left,
+        right=right,
+        softcap=softcap,
         scale=scale,
         q_tile=q_tile,
         d_tile=d_tile,
@@ -515,6 +698,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         softmax=softmax,
         p_dma_tiles=p_dma_tiles,
         lead=lead,
+        max_burst=max_burst,
         lag_transpose=lag_t,
         lag_pv=lag_pv,
         lag_close=lag_close,
@@ -522,7 +706,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         q_prefetch=q_prefetch,
         lnc=lnc,
         core_groups=split_groups(
-            b, hkv, h // hkv, *query_tiles(h // hkv, sq, sk, q_tile, causal), lnc
+            b, hkv, h // hkv, *query_tiles(h // hkv, sq, sk, q_tile, causal, window), lnc
         ),
         sbuf_bytes=sbuf,
         psum_banks=banks,
@@ -548,21 +732,36 @@ def matmul_over_d(dst, stationary_t, s0, n_s, moving_t, m0, n_m, plan):
         )
 
 
-def mask_causal(tile, n_k, q0, k0, plan, fill):
-    """Set the entries of the SBUF score-shaped ``tile [rows, n_k]`` (query ``q0 + p`` on
+def mask_window(tile, n_q, n_k, q0, k0, plan, fill):
+    """Set the entries of the SBUF score-shaped ``tile [n_q, n_k]`` (query ``q0 + p`` on
     partition ``p``, key ``k0 + f`` in column ``f``) whose query does not see its key to
-    ``fill``, in place on GpSimd (which cannot read PSUM): the forward masks scaled scores
-    with :data:`MASK_FILL` before the row max, the backward masks P with 0."""
-    # keep key k0 + f for query q0 + p iff (q0 + Sk - Sq - k0) + p - f >= 0
-    nisa.affine_select(
-        dst=tile,
-        pattern=[[-1, n_k]],
-        channel_multiplier=1,
-        on_true_tile=tile,
-        on_false_value=fill,
-        cmp_op=nl.greater_equal,
-        offset=q0 + plan.sk - plan.sq - k0,
-    )
+    ``fill``, in place on GpSimd (which cannot read PSUM): one ``affine_select`` per window
+    edge that crosses the tile (the right one: the causal diagonal, or ``right`` keys past
+    it; the left one: ``left`` keys before it), decided at trace time. The forward masks
+    scaled scores with :data:`MASK_FILL` before the row max, the backward masks P with 0."""
+    off = plan.sk - plan.sq
+    if plan.right >= 0 and k0 + n_k > q0 + off + plan.right + 1:
+        # keep key k0 + f for query q0 + p iff (q0 + off + right - k0) + p - f >= 0
+        nisa.affine_select(
+            dst=tile,
+            pattern=[[-1, n_k]],
+            channel_multiplier=1,
+            on_true_tile=tile,
+            on_false_value=fill,
+            cmp_op=nl.greater_equal,
+            offset=q0 + off + plan.right - k0,
+        )
+    if plan.left >= 0 and k0 < q0 + n_q - 1 + off - plan.left:
+        # keep key k0 + f for query q0 + p iff (k0 - q0 - off + left) - p + f >= 0
+        nisa.affine_select(
+            dst=tile,
+            pattern=[[1, n_k]],
+            channel_multiplier=-1,
+            on_true_tile=tile,
+            on_false_value=fill,
+            cmp_op=nl.greater_equal,
+            offset=k0 - q0 - off + plan.left,
+        )
 
 
 def transpose_blocks(dst, src, rows, cols, plan):
@@ -580,6 +779,11 @@ def transpose_blocks(dst, src, rows, cols, plan):
 
 
 # -- the NKI kernel ------------------------------------------------------------------------
+
+
+def _bounds(plan):
+    """The plan's window ``(left, right)``, causal folded in."""
+    return (plan.left, plan.right)
 
 
 def _load_transposed(src, dst, rows, plan, hwdge=False):
@@ -675,24 +879,45 @@ def _evacuate_p(p_t, qs, ks, q_dtype, plan):
     return out
 
 
-def _scaled_causal_scores(s_ps, qs, ks, q0, k0, plan):
-    """``scale * S`` of a score tile crossing the causal diagonal, copied out of PSUM
-    (VectorE) into SBUF and masked there with :data:`MASK_FILL` (GpSimd cannot read PSUM):
-    the source of its row max and, with scale 1, of its exp. Both softmaxes mask this way."""
+def stored_scale(plan) -> float:
+    """The exp's scale of scores kept in SBUF (:func:`_stored_scores`): 1 for ``scale * S``,
+    ``softcap`` for ``tanh(scale * S / softcap)``."""
+    return plan.softcap if plan.softcap else 1.0
+
+
+def masked_fill(plan) -> float:
+    """What masked stored scores become: :data:`MASK_FILL`, or with a softcap (the stored
+    value is ``t = tanh(.)``, the exp's input ``softcap * t``) ``min(-2, MASK_FILL /
+    softcap)``: ``softcap * fill`` is at most -1e30 and at least ``softcap`` below any capped
+    score (all in ``[-softcap, softcap]``), so its exp is 0 at every softcap."""
+    return min(-2.0, MASK_FILL / plan.softcap) if plan.softcap else MASK_FILL
+
+
+def _stored_scores(s_ps, qs, ks, q0, k0, plan):
+    """A score tile kept in SBUF: ``scale * S`` copied out of PSUM (VectorE), or with a
+    softcap ``t = tanh(scale * S / softcap)`` (ScalarE's tanh, reading PSUM; the exp then
+    takes ``softcap * t``); masked there with :func:`masked_fill` where a window edge
+    crosses it (GpSimd cannot read PSUM). The source of its row max and of its exp, at
+    the exp scale :func:`stored_scale`. Both softmaxes keep scores this way."""
     s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
-    nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
-    mask_causal(s_sb, ks, q0, k0, plan, MASK_FILL)
+    if plan.softcap:
+        nisa.activation(dst=s_sb, op=nl.tanh, data=s_ps, scale=plan.scale / plan.softcap)
+    else:
+        nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
+    if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
+        mask_window(s_sb, qs, ks, q0, k0, plan, masked_fill(plan))
     return s_sb
 
 
 def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
     """One key tile's scores: (source of its row max and exp, the exp's scale). Tiles
-    crossing the causal diagonal are scaled into SBUF and masked there (the scale is then
-    1); the others stay raw in PSUM with the softmax scale."""
+    crossing a window edge are scaled into SBUF and masked there (the scale is then 1);
+    the others stay raw in PSUM with the softmax scale."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, q_t, 0, qs, kt, kk0, ks, plan)
-    if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, plan.causal) == "some":
-        return _scaled_causal_scores(s_ps, qs, ks, q0, k0, plan), 1.0
+    seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
+    if seen == "some" or plan.softcap:
+        return _stored_scores(s_ps, qs, ks, q0, k0, plan), stored_scale(plan)
     return s_ps, plan.scale
 
 
@@ -703,13 +928,15 @@ class OnlineTile(nl.NKIObject):
     h: int  # query head
     q0: int  # first query row
     qs: int  # rows (partitions of its score tiles)
-    k_end: int  # keys [0, k_end) are visible to some row (causal: up to the diagonal)
+    k_start: int  # keys [k_start, k_end) are visible to some row (the window's span)
+    k_end: int
     n_dead: int  # leading rows that see no key (causal with Sq > Sk): out 0, lse -inf
     q_t: object  # [d_tile, d_tiles, qs] q^T in SBUF, None when no key is visible
     neg_max: object  # [qs, 1] fp32 -running max of the key tiles folded so far, or None
     latest_max: object  # [qs, 1] fp32 the newest -running max (the front half runs ahead)
     row_sum: object  # [qs, 1] fp32 running sum of P, rescaled as the max grows
     o_acc: object  # [qs, D] fp32 running P V, rescaled as the max grows
+    sink: object  # [qs, 1] fp32 the head's sink logit on every row, None without sinks
 
 
 @dataclass
@@ -732,18 +959,32 @@ class OnlineStep(nl.NKIObject):
 
 
 def _dead_rows(q0, qs, plan):
-    """Leading rows of the query tile at ``q0`` that see no key: causal with Sq > Sk, the
-    rows before ``Sq - Sk`` (their out is 0 and lse -inf)."""
-    return min(qs, max(0, plan.sq - plan.sk - q0)) if plan.causal else 0
+    """Leading rows of the query tile at ``q0`` that see no key (:func:`dead_rows`): their
+    out is 0 and lse -inf."""
+    return dead_rows(q0, qs, plan.sq, plan.sk, _bounds(plan))
 
 
-def _open_query_tile(q, b, h, q0, plan):
+def _load_sink(sinks, h, qs, cache):
+    """The sink logit of head ``h`` on each of ``qs`` rows (a ``[qs, 1]`` fp32 view of a
+    ``[q_tile, 1]`` column loaded from the op's ``[H, 128, 1]`` broadcast of it once per
+    head and kernel: ``cache`` holds the columns by head), or None without sinks."""
+    if sinks is None:
+        return None
+    if cache[h] is None:
+        col = nl.ndarray((sinks.shape[1], 1), dtype=nl.float32, buffer=nl.sbuf, name="sink")
+        nisa.dma_copy(dst=col, src=sinks[h, :, :])
+        cache[h] = col
+    return cache[h][0:qs, 0:1]
+
+
+def _open_query_tile(q, sink, b, h, q0, plan):
     """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T."""
     qs = min(plan.q_tile, plan.sq - q0)
-    # Keys j < k_end are visible to some row of the tile; rows i < Sq - Sk see none.
-    _, k_end = causal_key_bounds(q0, qs, plan.sq, plan.sk, plan.causal)
-    state = OnlineTile(h, q0, qs, k_end, _dead_rows(q0, qs, plan), None, None, None, None, None)
-    if k_end > 0:
+    # Keys in [k_start, k_end) are visible to some row of the tile.
+    k_start, k_end, _, _ = key_bounds(q0, qs, plan.sq, plan.sk, _bounds(plan))
+    n_dead = _dead_rows(q0, qs, plan)
+    state = OnlineTile(h, q0, qs, k_start, k_end, n_dead, None, None, None, None, None, sink)
+    if k_end > k_start:
         q_t = nl.ndarray(
             (min(plan.d_tile, plan.d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
         )
@@ -752,15 +993,16 @@ def _open_query_tile(q, b, h, q0, plan):
     return state
 
 
-def _front(states, kt, r0, kk0, plan):
-    """The first half of one key tile (keys ``r0 + kk0 ..``) for every query tile in
-    ``states`` that sees it: scores on TensorE, their row max and the new running max on
-    VectorE. Returns the per-tile records the second half (:func:`_back`) consumes."""
+def _front(states, kt, r0, rows, kk0, plan):
+    """The first half of one key tile (keys ``r0 + kk0 ..`` of the block of ``rows`` keys
+    at ``r0``) for every query tile in ``states`` that sees it: scores on TensorE, their
+    row max and the new running max on VectorE. Returns the per-tile records the second
+    half (:func:`_back`) consumes."""
     k0 = r0 + kk0
     work = []
     for s in states:
-        if k0 < s.k_end:
-            ks = min(plan.k_tile, plan.kv_block - kk0, plan.sk - k0, s.k_end - k0)
+        ks = min(plan.k_tile, rows - kk0, s.k_end - k0)
+        if k0 < s.k_end and k0 + ks > s.k_start:
             work.append(
                 OnlineStep(s, ks, kk0, None, 1.0, None, None, None, None, None, None, None, None)
             )
@@ -888,26 +1130,73 @@ def _fold(r, plan):
     s.neg_max, s.o_acc = r.new_neg_max, new_acc
 
 
+def _dead_lse(lse_t, rows, sink):
+    """lse of rows that see no key: the sink (``sink``'s rows), else -inf."""
+    if sink is None:
+        nisa.memset(dst=lse_t[0:rows, 0:1], value=float("-inf"))
+    else:
+        nisa.tensor_copy(dst=lse_t[0:rows, 0:1], src=sink[0:rows, 0:1])
+
+
+def _fold_sink(s):
+    """The sink into the online state at its close: ``m' = max(m, sink)``, then
+    ``l' = l exp(m - m') + exp(sink - m')``; returns ``(-m', l', exp(m - m'))``, the last to
+    rescale the accumulator (a sink of -inf gives ``m' = m``, ``l' = l``, 1)."""
+    qs = s.qs
+    neg_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_max_sink")
+    nisa.tensor_scalar(
+        dst=neg_max, data=s.sink, op0=nl.multiply, operand0=-1.0, op1=nl.minimum, operand1=s.neg_max
+    )
+    rescale = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink_rescale")
+    nisa.activation(dst=rescale, op=nl.exp, data=s.neg_max, bias=neg_max, scale=-1.0)
+    e_sink = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="exp_sink")
+    nisa.activation(dst=e_sink, op=nl.exp, data=s.sink, bias=neg_max)
+    row_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="l_sink")
+    nisa.scalar_tensor_tensor(
+        dst=row_sum,
+        data=s.row_sum,
+        op0=nl.multiply,
+        operand0=rescale,
+        op1=nl.add,
+        operand1=e_sink,
+    )
+    return neg_max, row_sum, rescale
+
+
 def _close_query_tile(s, out, lse, b, plan):
-    """out = O / l and lse = log(l) + m to HBM; rows that see no key get 0 and -inf."""
+    """out = O / l and lse = log(l) + m to HBM (the sink folded in first); rows that see no
+    key get 0 and the sink (-inf without sinks)."""
     d, qs, q0, h, n_dead = plan.d, s.qs, s.q0, s.h, s.n_dead
     o_out = nl.ndarray((qs, d), dtype=out.dtype, buffer=nl.sbuf, name="o_out")
     lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
     if s.neg_max is None:
         # Trace-time skip: no key is visible to any row of this tile.
         nisa.memset(dst=o_out, value=0.0)
-        nisa.memset(dst=lse_t, value=float("-inf"))
+        _dead_lse(lse_t, qs, s.sink)
     else:
+        neg_max, row_sum = s.neg_max, s.row_sum
         recip = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
-        nisa.reciprocal(dst=recip, data=s.row_sum)
-        nisa.tensor_scalar(dst=o_out, data=s.o_acc, op0=nl.multiply, operand0=recip)
+        if s.sink is None:
+            nisa.reciprocal(dst=recip, data=row_sum)
+            nisa.tensor_scalar(dst=o_out, data=s.o_acc, op0=nl.multiply, operand0=recip)
+        else:
+            neg_max, row_sum, rescale = _fold_sink(s)
+            nisa.reciprocal(dst=recip, data=row_sum)
+            nisa.tensor_scalar(
+                dst=o_out,
+                data=s.o_acc,
+                op0=nl.multiply,
+                operand0=recip,
+                op1=nl.multiply,
+                operand1=rescale,
+            )
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
-        nisa.activation(dst=log_sum, op=nl.log, data=s.row_sum)
-        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=s.neg_max, op=nl.subtract)
+        nisa.activation(dst=log_sum, op=nl.log, data=row_sum)
+        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=neg_max, op=nl.subtract)
         if n_dead:
-            # Rows that see no key at all: zeros and -inf, as the contract says.
+            # Rows that see no key at all: zeros and the sink (or -inf), as the contract says.
             nisa.memset(dst=o_out[0:n_dead, 0:d], value=0.0)
-            nisa.memset(dst=lse_t[0:n_dead, 0:1], value=float("-inf"))
+            _dead_lse(lse_t, n_dead, s.sink)
     nisa.dma_copy(dst=out[b, h, q0 : q0 + qs, 0:d], src=o_out)
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
@@ -915,15 +1204,25 @@ def _close_query_tile(s, out, lse, b, plan):
 def _key_tiles(states, plan):
     """``(r0, rows, kk0)`` for each key tile some query tile in ``states`` sees: the K/V
     block's first key and row count, and the tile's offset in the block (``kk0 == 0``
-    starts a block, where a streamed block is loaded)."""
-    k_end = 0
+    starts a block, where a streamed block is loaded). The walk covers the keys the
+    states see, from the first one's 128-key chunk (V's chunks, which P V reads, start
+    on multiples of 128): resident K/V is one block from key 0; streamed blocks of up to
+    ``kv_block`` rows start there and end at the last key seen, so a window's (or the
+    causal diagonal's) tiles load only the keys they span."""
+    k_start, k_end = plan.sk, 0
     for s in states:
-        k_end = max(k_end, s.k_end)
+        if s.k_end > s.k_start:
+            k_start, k_end = min(k_start, s.k_start), max(k_end, s.k_end)
     out = []
-    for r0, rows in tiled(plan.sk, plan.kv_block):
-        if r0 >= k_end:
-            break
-        for kk0, _ in tiled(min(rows, k_end - r0), plan.k_tile):
+    if k_end <= k_start:
+        return out
+    first = k_start // plan.d_tile * plan.d_tile
+    if plan.kv_blocks == 1:  # resident: one block of every key
+        for kk0, _ in tiled(k_end, plan.k_tile, first):
+            out.append((0, plan.sk, kk0))
+        return out
+    for r0, rows in tiled(k_end, plan.kv_block, first):
+        for kk0, _ in tiled(rows, plan.k_tile):
             out.append((r0, rows, kk0))
     return out
 
@@ -936,7 +1235,7 @@ def _drain(pending, out, lse, b, q_dtype, plan):
         _close_query_tile(s, out, lse, b, plan)
 
 
-def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
+def _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan):
     """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
     ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
     key tiles and across groups: the next key tile's scores and max (the next group's
@@ -946,7 +1245,9 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
     for t0 in range(0, len(tiles), plan.q_group):
         states = []
         for h, q0 in tiles[t0 : t0 + plan.q_group]:
-            states.append(_open_query_tile(q, b, h, q0, plan))
+            qs = min(plan.q_tile, plan.sq - q0)
+            sink = _load_sink(sinks, h, qs, sink_cols)
+            states.append(_open_query_tile(q, sink, b, h, q0, plan))
         last = None
         kt = vb = None
         if kv is not None:
@@ -954,7 +1255,7 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
         for r0, rows, kk0 in _key_tiles(states, plan):
             if kv is None and kk0 == 0:  # a streamed K/V block loads as the walk reaches it
                 kt, vb = _load_kv_block(k, v, b, kvh, r0, rows, plan)
-            work = _front(states, kt, r0, kk0, plan)
+            work = _front(states, kt, r0, rows, kk0, plan)
             if pending is not None:
                 _drain(pending, out, lse, b, q.dtype, plan)
             pending = (work, vb, None)
@@ -992,27 +1293,34 @@ class QueryTile(nl.NKIObject):
     p: list  # per key tile: P = exp(scale * S - max) in SBUF, q's dtype
     p_t: list  # per key tile: ((P^T tile, chunk in it, keys, V chunk), ...) in SBUF
     o_ps: object  # [qs, D] fp32 PSUM: P V summed over every key the tile sees
+    sink: object  # [qs, 1] fp32 the head's sink logit on every row, None without sinks
 
 
 def _query_tile(h, q0, plan):
     """The tile's key tiles, split by where their max is taken; no instruction yet."""
     qs = min(plan.q_tile, plan.sq - q0)
-    k_all, k_end = causal_key_bounds(q0, qs, plan.sq, plan.sk, plan.causal)
+    bounds = _bounds(plan)
+    k_start, k_end, _, _ = key_bounds(q0, qs, plan.sq, plan.sk, bounds)
     n_dead = _dead_rows(q0, qs, plan)
     keys = []
     n_raw = n_masked = 0
     spans = []
-    for k0, ks in tiled(max(0, k_end), plan.k_tile):
-        # Keys before ``k_all`` are visible to every row; a key tile holding later keys
-        # crosses the diagonal. Its visible head (whole 128-key chunks, so P^T chunks stay
-        # on V's chunks) stays in PSUM; only the rest is scaled and masked in SBUF.
-        masked = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, plan.causal) == "some"
-        head = (k_all - k0) // plan.d_tile * plan.d_tile
-        if masked and 0 < head < ks:
-            spans.append((k0, head, False))
-            spans.append((k0 + head, ks - head, True))
-        else:
-            spans.append((k0, ks, masked))
+    first = k_start // plan.d_tile * plan.d_tile  # on V's 128-key chunks
+    for k0, ks in tiled(k_end if k_end > k_start else 0, plan.k_tile, first):
+        # A key tile a window edge crosses: its 128-key chunks every row sees (whole
+        # chunks, so P^T chunks stay on V's chunks) stay in PSUM; only the chunks an edge
+        # crosses (before and after them) are scaled and masked in SBUF.
+        seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, bounds)
+        if seen != "some" or plan.softcap:  # softcap: every tile's tanh is kept in SBUF
+            spans.append((k0, ks, bool(plan.softcap)))
+            continue
+        for c0, cs in tiled(k0 + ks, plan.d_tile, k0):
+            masked = tile_visibility(q0, qs, c0, cs, plan.sq, plan.sk, bounds) != "all"
+            if spans and spans[-1][2] == masked and spans[-1][0] + spans[-1][1] == c0:
+                if spans[-1][0] >= k0:  # merge within this key tile only
+                    spans[-1] = (spans[-1][0], spans[-1][1] + cs, masked)
+                    continue
+            spans.append((c0, cs, masked))
     for k0, ks, masked in spans:
         if masked:
             keys.append((k0, ks, True, n_masked))
@@ -1040,6 +1348,7 @@ def _query_tile(h, q0, plan):
         None,
         list(none),
         list(none),
+        None,
         None,
     )
 
@@ -1082,7 +1391,7 @@ def _max_step(q, b, qt, j, kt, plan):
             axis=1,
         )
         return
-    s_sb = _scaled_causal_scores(s_ps, qs, ks, qt.q0, k0, plan)
+    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan)
     nisa.tensor_reduce(dst=qt.ext_masked[0:qs, col : col + 1], op=nl.max, data=s_sb, axis=1)
     qt.masked[j] = s_sb
 
@@ -1094,7 +1403,12 @@ def _row_max(qt, plan):
     neg_masked = None
     if qt.n_masked:
         neg_masked = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_masked")
-        nisa.tensor_reduce(dst=neg_masked, op=nl.max, data=qt.ext_masked, axis=1, negate=True)
+        if plan.softcap:  # the stored t = tanh(.): -max(softcap * t) = -softcap * max(t)
+            t_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="t_max")
+            nisa.tensor_reduce(dst=t_max, op=nl.max, data=qt.ext_masked, axis=1)
+            nisa.tensor_scalar(dst=neg_masked, data=t_max, op0=nl.multiply, operand0=-plan.softcap)
+        else:
+            nisa.tensor_reduce(dst=neg_masked, op=nl.max, data=qt.ext_masked, axis=1, negate=True)
     if qt.n_raw:
         ext = qt.ext
         if qt.n_raw > 1:
@@ -1116,6 +1430,17 @@ def _row_max(qt, plan):
             )
     else:
         neg_max = neg_masked
+    if qt.sink is not None:  # the sink is one more logit: -max(m, sink) = min(-m, -sink)
+        with_sink = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_max_sink")
+        nisa.tensor_scalar(
+            dst=with_sink,
+            data=qt.sink,
+            op0=nl.multiply,
+            operand0=-1.0,
+            op1=nl.minimum,
+            operand1=neg_max,
+        )
+        neg_max = with_sink
     qt.neg_max = neg_max
 
 
@@ -1130,7 +1455,7 @@ def _exp_step(qt, j, kt, q_dtype, plan):
         qt.row_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="row_sum")
     k0, ks, masked, _ = qt.keys[j]
     if masked:
-        src, act_scale = qt.masked[j], 1.0
+        src, act_scale = qt.masked[j], stored_scale(plan)
     else:
         src, act_scale = _scores(qt, kt, k0, ks, plan), plan.scale
     p_sb = nl.ndarray((qs, ks), dtype=q_dtype, buffer=nl.sbuf, name="p")
@@ -1141,9 +1466,21 @@ def _exp_step(qt, j, kt, q_dtype, plan):
         bias=qt.neg_max,
         scale=act_scale,
         reduce_op=nl.add,
-        reduce_res=qt.row_sum if last else None,
+        reduce_res=qt.row_sum if last and qt.sink is None else None,
         reduce_cmd=nisa.reduce_cmd.reset_reduce if j == 0 else nisa.reduce_cmd.reduce,
     )
+    if last and qt.sink is not None:
+        # exp(sink - max) joins the row sum in the same registers, which it reads out.
+        e_sink = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="exp_sink")
+        nisa.activation(
+            dst=e_sink,
+            op=nl.exp,
+            data=qt.sink,
+            bias=qt.neg_max,
+            reduce_op=nl.add,
+            reduce_res=qt.row_sum,
+            reduce_cmd=nisa.reduce_cmd.reduce,
+        )
     qt.masked[j] = None
     qt.p[j] = p_sb
 
@@ -1209,7 +1546,7 @@ def _close_two_pass(qt, out, lse, b, plan):
     lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
     if not qt.keys:
         nisa.memset(dst=o_out, value=0.0)
-        nisa.memset(dst=lse_t, value=float("-inf"))
+        _dead_lse(lse_t, qs, qt.sink)
     else:
         nisa.activation(dst=o_out, op=nl.copy, data=qt.o_ps, scale=qt.recip)
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
@@ -1219,12 +1556,12 @@ def _close_two_pass(qt, out, lse, b, plan):
         )
         if qt.n_dead:
             nisa.memset(dst=o_out[0 : qt.n_dead, 0:d], value=0.0)
-            nisa.memset(dst=lse_t[0 : qt.n_dead, 0:1], value=float("-inf"))
+            _dead_lse(lse_t, qt.n_dead, qt.sink)
     nisa.dma_copy(dst=out[b, h, q0 : q0 + qs, 0:d], src=o_out)
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
-def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
+def _two_pass_kv_head(q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan):
     """Every (head, q0) query tile of one KV head in two passes over its keys, software-
     pipelined over the flat list of (query tile, key tile) steps: at step ``i`` the max
     pass runs ``plan.lead`` steps ahead (so a tile's max is known before its exps), the exp
@@ -1235,6 +1572,7 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
     steps = []  # (query tile, key tile), in order
     for h, q0 in tiles:
         qt = _query_tile(h, q0, plan)
+        qt.sink = _load_sink(sinks, h, qt.qs, sink_cols)
         if not qt.keys:  # no key is visible to any row of the tile
             _close_two_pass(qt, out, lse, b, plan)
             continue
@@ -1242,18 +1580,21 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
         for j in range(len(qt.keys)):
             steps.append((len(states) - 1, j))
     n = len(steps)
-    for i in range(-plan.lead - plan.q_prefetch, n + plan.lag_close + 1):
-        f = i + plan.lead + plan.q_prefetch
+    burst = plan.max_burst
+    for i in range(-plan.lead - burst - plan.q_prefetch, n + plan.lag_close + 1):
+        f = i + plan.lead + burst - 1 + plan.q_prefetch
         if 0 <= f < n:
             t, j = steps[f]
             if j == 0:
+                assert len(states[t].keys) <= plan.lead + 1, "flash_attention: lead too short"
                 _load_query(q, b, states[t], plan)
-        f = i + plan.lead
-        if 0 <= f < n:
-            t, j = steps[f]
-            _max_step(q, b, states[t], j, kt, plan)
-            if j == len(states[t].keys) - 1:
-                _row_max(states[t], plan)
+        if (i + plan.lead) % burst == 0:
+            for f in range(i + plan.lead, i + plan.lead + burst):
+                if 0 <= f < n:
+                    t, j = steps[f]
+                    _max_step(q, b, states[t], j, kt, plan)
+                    if j == len(states[t].keys) - 1:
+                        _row_max(states[t], plan)
         if 0 <= i < n:
             t, j = steps[i]
             _exp_step(states[t], j, kt, q.dtype, plan)
@@ -1278,9 +1619,10 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
 
 
 @nki.jit
-def flash_attention_fwd_kernel(q, k, v, plan):
+def flash_attention_fwd_kernel(q, k, v, sinks, plan):
     """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
-    for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM.
+    for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM; ``sinks`` is None or each
+    head's sink logit broadcast to ``[H, 128, 1]`` fp32 (one value per partition row).
 
     ``plan`` is the :class:`FlashAttentionPlan` for these shapes (a compile-time argument).
     Launched as ``flash_attention_fwd_kernel[plan.lnc]``: each physical core runs its share
@@ -1297,23 +1639,29 @@ def flash_attention_fwd_kernel(q, k, v, plan):
     )
     out = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="out")
     lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="lse")
+    sink_cols = [None] * H  # per head: its sink column, loaded once (sinks only)
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
         if plan.softmax == "two_pass":
-            _two_pass_kv_head(q, out, lse, kv[0], kv[1], b, tiles, plan)
+            _two_pass_kv_head(q, sinks, sink_cols, out, lse, kv[0], kv[1], b, tiles, plan)
         else:
-            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan)
+            _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan)
     return out, lse
 
 
 # -- op-level glue: problem, launch, inputs ---------------------------------------------------
 
 
-def problem(q, k, v, causal=False, softmax_scale=None) -> dict:
+def problem(
+    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+) -> dict:
     """The sizes that select configs and limits (shape syntax ``BxHxHKVxSQxSKxD``), plus
-    ``causal`` and the softmax ``scale`` in use (``None``: 1/sqrt(D))."""
+    ``causal``, the softmax ``scale`` in use (``None``: 1/sqrt(D)), the window's sides
+    (``window_left``, ``window_right``; -1 unbounded), ``softcap`` (0: off) and whether
+    there are ``sinks``."""
     b, h, sq, d = q.shape
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     return {
         "b": b,
         "h": h,
@@ -1323,10 +1671,14 @@ def problem(q, k, v, causal=False, softmax_scale=None) -> dict:
         "d": d,
         "causal": bool(causal),
         "scale": softmax_scale,
+        "window_left": left,
+        "window_right": right,
+        "softcap": float(softcap),
+        "sinks": sinks is not None,
     }
 
 
-def _forward_kernels(q, k, v, causal, softmax_scale, config, runner, op):
+def _forward_kernels(q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, op):
     """``(out, lse)`` through the forward kernel; empty shapes and Sk = 0 (every row masked)
     never launch it."""
     b, h, sq, d = q.shape
@@ -1334,17 +1686,27 @@ def _forward_kernels(q, k, v, causal, softmax_scale, config, runner, op):
     if b == 0 or h == 0 or sq == 0 or sk == 0:
         out = torch.zeros((b, h, sq, d), dtype=q.dtype, device=q.device)
         lse = torch.full((b, h, sq), float("-inf"), dtype=torch.float32, device=q.device)
+        if sinks is not None:  # a row that sees no key: lse = its head's sink
+            lse = sinks.float().reshape(1, h, 1).expand(b, h, sq).contiguous()
         return out, lse
     spec = REGISTRY_BY_NAME[op]
     tiles = spec.check(
-        problem(q, k, v, causal, softmax_scale),
+        problem(q, k, v, causal, softmax_scale, window, softcap, sinks),
         dtype_name(q),
         config,
         runner.target,
         runner_lnc(runner),
     )
+    sink_rows = None
+    if sinks is not None:  # each head's sink on every partition row: [H, 128, 1] fp32
+        sink_rows = sinks.float().reshape(h, 1, 1).expand(h, tiles.q_tile, 1).contiguous()
     out, lse = runner(
-        flash_attention_fwd_kernel[tiles.lnc], q.contiguous(), k.contiguous(), v.contiguous(), tiles
+        flash_attention_fwd_kernel[tiles.lnc],
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        sink_rows,
+        tiles,
     )
     return out, lse.reshape(b, h, sq)
 
@@ -1355,12 +1717,17 @@ def run_kernels_fwd(
     v: torch.Tensor,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window: list[int] | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     *,
     config: FlashAttentionConfig,
     runner,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [B, H, Sq, D], lse [B, H, Sq] fp32)`` for BHSD q, k, v."""
-    return _forward_kernels(q, k, v, causal, softmax_scale, config, runner, FWD_OP)
+    return _forward_kernels(
+        q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, FWD_OP
+    )
 
 
 def run_kernels(
@@ -1369,48 +1736,95 @@ def run_kernels(
     v: torch.Tensor,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window: list[int] | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     *,
     config: FlashAttentionConfig,
     runner,
 ) -> torch.Tensor:
     """``out [B, H, Sq, D]`` for BHSD q, k, v."""
-    return _forward_kernels(q, k, v, causal, softmax_scale, config, runner, OP)[0]
+    return _forward_kernels(
+        q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, OP
+    )[0]
 
 
-def reference_fwd(q, k, v, causal=False, softmax_scale=None, upcast=True):
+def reference_fwd(
+    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None, upcast=True
+):
     """``(out, lse)``: :func:`attention_reference`."""
-    return attention_reference(q, k, v, causal, softmax_scale, upcast)
+    return attention_reference(q, k, v, causal, softmax_scale, window, softcap, sinks, upcast)
 
 
-def reference(q, k, v, causal=False, softmax_scale=None, upcast=True):
+def reference(
+    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None, upcast=True
+):
     """``out``: the first output of :func:`attention_reference`."""
-    return attention_reference(q, k, v, causal, softmax_scale, upcast)[0]
+    return attention_reference(q, k, v, causal, softmax_scale, window, softcap, sinks, upcast)[0]
 
 
 def _validate(op):
-    def validate(q, k, v, causal=False, softmax_scale=None) -> None:
-        validate_attention(op, q, k, v, causal, softmax_scale)
+    def validate(
+        q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+    ) -> None:
+        validate_attention(op, q, k, v, causal, softmax_scale, window, softcap, sinks)
 
     validate.__doc__ = f"Refuse bad {op} input before any work (:func:`validate_attention`)."
     return validate
 
 
+def draw_features(problem: dict, h: int, generator: torch.Generator) -> tuple:
+    """``(window, softcap, sinks)`` of ``problem``: ``window_left``/``window_right`` (a
+    negative value, as drawn, is -1: unbounded; both unbounded is None), ``softcap`` (a
+    negative value, as drawn, is 0: off) and, when ``sinks`` is set, sinks ~ N(0, 2^2)
+    fp32 per query head, drawn after every other input (so problems without them draw the
+    inputs they always did)."""
+    left, right = int(problem.get("window_left", -1)), int(problem.get("window_right", -1))
+    left, right = max(-1, left), max(-1, right)
+    window = None if (left, right) == (-1, -1) else (left, right)
+    softcap = max(0.0, float(problem.get("softcap", 0.0)))
+    sinks = torch.randn(h, generator=generator) * 2.0 if problem.get("sinks") else None
+    return window, softcap, sinks
+
+
 def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     """q, k, v ~ N(0, 1) in ``dtype`` (scores O(1) at the default scale), causal and scale
-    from ``problem``. H is rounded down to a multiple of Hkv (at least Hkv), so that any
-    drawn (H, Hkv) is a valid GQA problem."""
+    from ``problem``, and its window, softcap and sinks (:func:`draw_features`). H is
+    rounded down to a multiple of Hkv (at least Hkv), so that any drawn (H, Hkv) is a
+    valid GQA problem."""
     b, hkv, sq, sk, d = (problem[x] for x in ("b", "hkv", "sq", "sk", "d"))
     h = max(hkv, problem["h"] - problem["h"] % hkv) if hkv else problem["h"]
     t = getattr(torch, dtype)
     q = torch.randn(b, h, sq, d, generator=generator).to(t)
     k = torch.randn(b, hkv, sk, d, generator=generator).to(t)
     v = torch.randn(b, hkv, sk, d, generator=generator).to(t)
-    return q, k, v, bool(problem.get("causal", False)), problem.get("scale")
+    window, softcap, sinks = draw_features(problem, h, generator)
+    causal = bool(problem.get("causal", False))
+    return q, k, v, causal, problem.get("scale"), window, softcap, sinks
+
+
+def feature_suffix(problem: dict) -> str:
+    """The shape-bucket suffix of the window, softcap and sinks: empty for plain attention
+    (so its buckets, and the configs tuned under them, stay as they were); the window by
+    its sides in effect (causal folded in: they fix which tiles run), softcap and sinks by
+    being on (their values do not change the tiles)."""
+    causal = bool(problem.get("causal"))
+    window = (problem.get("window_left", -1), problem.get("window_right", -1))
+    left, right = window_bounds(causal, window)
+    out = ""
+    if (left, right) != window_bounds(causal, None):
+        out += f"_wl{left}_wr{right}"
+    if problem.get("softcap"):
+        out += "_softcap"
+    if problem.get("sinks"):
+        out += "_sinks"
+    return out
 
 
 def shape_bucket(problem: dict) -> str:
     """Sizes rounded up to powers of two (Sq, Sk at least 128), exact H, Hkv and D (they
-    fix the kernel's loops), causal; the scale does not change the tiles."""
+    fix the kernel's loops), causal, then :func:`feature_suffix`; the scale does not change
+    the tiles."""
 
     def pow2(x: int) -> int:
         return max(128, 1 << (max(1, x) - 1).bit_length())
@@ -1418,6 +1832,7 @@ def shape_bucket(problem: dict) -> str:
     return (
         f"b{pow2(problem['b'])}_h{problem['h']}_hkv{problem['hkv']}_sq{pow2(problem['sq'])}"
         f"_sk{pow2(problem['sk'])}_d{problem['d']}_causal{str(bool(problem.get('causal'))).lower()}"
+        + feature_suffix(problem)
     )
 
 
@@ -1455,35 +1870,62 @@ def _bad_inputs(op):
             ((q, kv, kv.half()), "v dtype"),
             ((q, kv, f(1, 2, 8, 16, device="meta")), "v device"),
             ((q, kv, kv, False, float("nan")), "softmax_scale"),
+            ((q, kv, kv, False, None, [4]), "window"),
+            ((q, kv, kv, False, None, [4, 2, 1]), "window"),
+            ((q, kv, kv, False, None, [-2, 3]), "window"),
+            ((q, kv, kv, True, None, [3, -5]), "window"),
+            ((q, kv, kv, False, None, None, -1.0), "softcap"),
+            ((q, kv, kv, False, None, None, float("nan")), "softcap"),
+            ((q, kv, kv, False, None, None, float("inf")), "softcap"),
+            ((q, kv, kv, False, None, None, 0.0, f(3)), "sinks shape"),
+            ((q, kv, kv, False, None, None, 0.0, f(4, 1)), "sinks shape"),
+            ((q, kv, kv, False, None, None, 0.0, f(4, dtype=torch.bfloat16)), "sinks dtype"),
+            ((q, kv, kv, False, None, None, 0.0, f(4, device="meta")), "sinks device"),
         ]
 
     return bad_inputs
 
 
-def composite(q, k, v, causal=False, softmax_scale=None):
+def composite(q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None):
     """The public op as torch runs it: the forward's ``out``; autograd saves its ``lse``."""
-    return torch.ops.neuron.flash_attention_fwd(q, k, v, causal, softmax_scale)[0]
+    return torch.ops.neuron.flash_attention_fwd(
+        q, k, v, causal, softmax_scale, window, softcap, sinks
+    )[0]
 
 
-def _setup_context(ctx, q, k, v, causal, softmax_scale, output):
+def _setup_context(ctx, q, k, v, causal, softmax_scale, window, softcap, sinks, output):
     out, lse = output
     ctx.causal, ctx.softmax_scale = causal, softmax_scale
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.window, ctx.softcap = window, softcap
+    ctx.has_sinks = sinks is not None
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    """dq, dk, dv from the backward op, with the forward's saved out and lse (no
-    recomputed forward). ``lse`` is marked non-differentiable."""
-    q, k, v, out, lse = ctx.saved_tensors
+    """dq, dk, dv and dsinks (in sinks' dtype) from the backward op, with the forward's
+    saved out and lse (no recomputed forward). ``lse`` is marked non-differentiable."""
+    q, k, v, out, lse, sinks = ctx.saved_tensors
     if q.numel() == 0 or k.shape[2] == 0:  # nothing attended: every gradient is zero
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None
+        dsinks = torch.zeros_like(sinks) if ctx.has_sinks else None
+        zeros = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        return (*zeros, None, None, None, None, dsinks)
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.neuron.flash_attention_bwd(
-        grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale
+    dq, dk, dv, dsinks = torch.ops.neuron.flash_attention_bwd(
+        grad_out.contiguous(),
+        q,
+        k,
+        v,
+        out,
+        lse,
+        ctx.causal,
+        ctx.softmax_scale,
+        ctx.window,
+        ctx.softcap,
+        sinks,
     )
-    return dq, dk, dv, None, None
+    return dq, dk, dv, None, None, None, None, dsinks.to(sinks.dtype) if ctx.has_sinks else None
 
 
 _TOLERANCES = {
@@ -1507,6 +1949,12 @@ _TEST_PROBLEMS = {
         "sk": (1, 600),
         "d": (1, 256),
         "causal": (0, 1),
+        # window sides, softcap and sinks: negative draws are off (-1 unbounded, 0 no cap),
+        # so about half the draws leave each feature off.
+        "window_left": (-300, 300),
+        "window_right": (-300, 300),
+        "softcap": (-60, 60),
+        "sinks": (0, 1),
     },
     "edges": (1, 127, 128, 129, 513),
     # every config runs here: GQA, remainder tiles, causal with Sq < Sk, D not a power of two

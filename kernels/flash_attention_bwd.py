@@ -63,14 +63,18 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
     attention_reference,
-    causal_key_bounds,
-    causal_visible,
-    mask_causal,
+    dead_rows,
+    draw_features,
+    feature_suffix,
+    key_bounds,
+    mask_window,
     matmul_over_d,
     resolve_scale,
     tile_visibility,
     transpose_blocks,
     validate_attention,
+    visible,
+    window_bounds,
 )
 from neuron_kernels.kernels.spec import (
     ITEMSIZE,
@@ -193,6 +197,10 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     sk: int
     d: int
     causal: bool
+    left: int  # keys a query sees before its diagonal, -1 unbounded (window_bounds)
+    right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
+    softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
+    tanh_blocks: int  # softcap: key blocks whose tanh tiles are made ahead (2, 1; 0: per pair)
     tile_q: int  # query rows per tile (partitions of the score tiles)
     tile_k: int  # keys per tile
     q_block: int  # query tiles per pass
@@ -233,6 +241,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     causal = bool(problem.get("causal", False))
+    window = (problem.get("window_left", -1), problem.get("window_right", -1))
+    bounds = window_bounds(causal, window)
     item = ITEMSIZE[dtype]
     tq = target.pmax
     tk = min(config.tile_k, target.pmax)
@@ -263,8 +273,20 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     group = 2 * n_kt * d * 4  # dK and dV fp32 accumulators over the query heads
     q_side = 2 * q_side + d * 4  # this pass and the next (prefetch); one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
+    softcap = float(problem.get("softcap", 0.0))
+    if softcap:  # t^2 and P (1 - t^2) of the pairs in flight
+        pair += (lag + 1) * 2 * keys * 4
     staging = d * item  # one output tile in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
+    # softcap: the tanh tiles of 2 key blocks made ahead (this one's and the next's), else
+    # of 1, else each pair's own: as many as SBUF holds.
+    tanh_blocks = 0
+    if softcap:
+        block_tiles = kv_block * n_qt * keys * 4
+        tanh_blocks = 2
+        while tanh_blocks > 0 and sbuf + tanh_blocks * block_tiles > target.sbuf_usable_bytes:
+            tanh_blocks -= 1
+        sbuf += tanh_blocks * block_tiles if tanh_blocks else keys * 4
 
     # PSUM: S and dP (one bank, side by side); dQ's sum; dK's and dV's sums (a block's, or
     # one pair's partials); the dS^T of a PE transpose; one bank for the PE transposes of
@@ -272,6 +294,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     sum_banks = ceil_div(kv_block * d * 4, target.psum_bank_bytes)
     pe_ds_t = config.transpose == "pe" and ds_dma_tiles < 4
     banks = 1 + 1 + 2 * sum_banks + pe_ds_t + (config.transpose != "dma")
+    banks += softcap > 0  # the S tiles the tanh reads, apart from dP
     return FlashAttentionBwdPlan(
         b=b,
         hkv=hkv,
@@ -280,6 +303,10 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         sk=sk,
         d=d,
         causal=causal,
+        left=bounds[0],
+        right=bounds[1],
+        softcap=softcap,
+        tanh_blocks=tanh_blocks,
         tile_q=tq,
         tile_k=tk,
         q_block=config.q_block,
@@ -295,31 +322,32 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         lag_q=PIPELINE_LAG_Q,
         pe_transpose_keeps_dtype=target.has_transpose_mode,
         lnc=lnc,
-        core_groups=_core_groups(b, hkv, groups, sq, sk, tq, config.q_block, causal, lnc),
+        core_groups=_core_groups(b, hkv, groups, sq, sk, tq, config.q_block, bounds, lnc),
         split_groups=(b * hkv) % lnc if lnc > 1 else 0,
         sbuf_bytes=sbuf,
         psum_banks=banks,
     )
 
 
-def _query_passes(groups, sq, sk, tq, q_block, causal):
+def _query_passes(groups, sq, sk, tq, q_block, bounds):
     """A KV group's query passes ``(head within the group, first tile, tiles)`` in the
-    kernel's order, and each one's cost: the keys its query rows see (all of Sk, or up to
-    the causal diagonal, aligned bottom-right) plus one tile of fixed work per query tile."""
+    kernel's order, and each one's cost: the keys its query rows see (all of Sk, or those
+    within the window ``bounds``, aligned bottom-right) plus one tile of fixed work per
+    query tile."""
     passes, costs = [], []
     tiles = tiled(sq, tq)
     for g in range(groups):
         for p0, n_pass in tiled(len(tiles), q_block):
             cost = 0
             for q0, n_q in tiles[p0 : p0 + n_pass]:
-                _, k_end = causal_key_bounds(q0, n_q, sq, sk, causal)
-                cost += max(0, k_end) + tq
+                k_start, k_end, _, _ = key_bounds(q0, n_q, sq, sk, bounds)
+                cost += max(0, k_end - k_start) + tq
             passes.append((g, p0, n_pass))
             costs.append(cost)
     return passes, costs
 
 
-def _core_groups(b, hkv, groups, sq, sk, tq, q_block, causal, lnc) -> tuple:
+def _core_groups(b, hkv, groups, sq, sk, tq, q_block, bounds, lnc) -> tuple:
     """Each core's ``(b, kv head, query passes, split slot)``: whole (batch, KV head)
     groups round robin while every core gets one (slot -1: the core writes the group's dK
     and dV); the groups left over (fewer than the cores) split by their query passes,
@@ -327,7 +355,7 @@ def _core_groups(b, hkv, groups, sq, sk, tq, q_block, causal, lnc) -> tuple:
     ``slot`` (the op adds the cores' partials in core order). At LNC=1 every group is whole,
     with all its passes in the LNC=1 order."""
     all_groups = [(bb, kvh) for bb in range(b) for kvh in range(hkv)]
-    passes, costs = _query_passes(groups, sq, sk, tq, q_block, causal)
+    passes, costs = _query_passes(groups, sq, sk, tq, q_block, bounds)
     whole = len(all_groups) - len(all_groups) % lnc
     shares = [[] for _ in range(lnc)]
     for i in range(whole):
@@ -359,6 +387,9 @@ class QueryPass(nl.NKIObject):
     live: list  # (t, rows) of the tiles some key reaches, in order; the others get dq = 0
     q_src: list  # per live tile: its Q rows in HBM (what DMA transposes read)
     do_src: list  # per live tile: its dO rows in HBM
+    sink: object  # [tq, 1] fp32 the head's sink on every row, None without sinks
+    dsink_dst: list  # per live tile: its rows of the dsinks contributions in HBM
+    n_dead: list  # per live tile: its leading rows that see no key
 
 
 @dataclass
@@ -456,9 +487,25 @@ def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
     return dst
 
 
-def _scores(qs, kv, pair, scale, plan):
+def _tanh_scores(qs, kv, pair, scale, plan):
+    """Softcap, ahead of stage 1: ``t = tanh(scale * S / softcap)`` of a tile pair, S on
+    TensorE into its own PSUM tile, the tanh on ScalarE into fp32 SBUF (issued for a whole
+    key block's pairs at once: see the kernel's loop)."""
+    n_q, n_k = pair.n_q, pair.n_k
+    s_ps = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.psum, name="s_cap")
+    matmul_over_d(s_ps[0:n_q, 0:n_k], qs.q_t, pair.t * plan.tile_q, n_q, kv.k_t, 0, n_k, plan)
+    tanh_s = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
+    nisa.activation(
+        dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=s_ps[0:n_q, 0:n_k], scale=scale / plan.softcap
+    )
+    return tanh_s
+
+
+def _scores(qs, kv, pair, scale, plan, tanh_s=None):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
-    the diagonal) and ``dS = P * (dP - D)``; returns the pair's SBUF tiles."""
+    the diagonal) and ``dS = P * (dP - D)``; with a softcap, ``P = exp(softcap t - lse)``
+    from ``tanh_s`` (:func:`_tanh_scores`) and ``dS = P (1 - t^2) (dP - D)``. Returns the
+    pair's SBUF tiles."""
     t, j, n_q, n_k = pair.t, pair.j, pair.n_q, pair.n_k
     tq, tk = plan.tile_q, plan.tile_k
     dtype = qs.q.dtype
@@ -466,22 +513,56 @@ def _scores(qs, kv, pair, scale, plan):
     # a pair holds one bank instead of two, so more pairs are in flight (modeled 61.2% vs
     # 53.4% TensorE at S4096; a matmul may write any region within one bank).
     s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
-    s = s_dp[:, 0, :]
-    matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
+    if plan.softcap:  # P = exp(softcap t - lse), t = tanh(scale * S / softcap) made ahead
+        src, exp_scale = tanh_s[0:n_q, 0:n_k], plan.softcap
+    else:
+        s = s_dp[:, 0, :]
+        matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
+        src, exp_scale = s[0:n_q, 0:n_k], scale
     nisa.activation(
         dst=p[0:n_q, 0:n_k],
         op=nl.exp,
-        data=s[0:n_q, 0:n_k],
+        data=src,
         bias=qs.neg_lse[0:n_q, t : t + 1],
-        scale=scale,
+        scale=exp_scale,
     )
     if pair.seen == "some":
-        mask_causal(p[0:n_q, 0:n_k], n_k, pair.q0, pair.k0, plan, 0.0)
+        mask_window(p[0:n_q, 0:n_k], n_q, n_k, pair.q0, pair.k0, plan, 0.0)
     dp = s_dp[:, 1, :]
     matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, 0, n_k, plan)
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
     neg_d = qs.neg_dvec[0:n_q, t : t + 1]
+    if plan.softcap:
+        # dS = P (1 - t^2) (dP - D): t^2 on GpSimd, P (1 - t^2) in fp32 and then dS from
+        # PSUM on VectorE (ScalarE already took the tanh, so not dP - D as "split" does).
+        t2 = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="tanh_sq")
+        nisa.tensor_tensor(
+            dst=t2[0:n_q, 0:n_k],
+            data1=tanh_s[0:n_q, 0:n_k],
+            data2=tanh_s[0:n_q, 0:n_k],
+            op=nl.multiply,
+            engine=nisa.engine.gpsimd,
+        )
+        pg = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="p_dtanh")
+        nisa.scalar_tensor_tensor(
+            dst=pg[0:n_q, 0:n_k],
+            data=t2[0:n_q, 0:n_k],
+            op0=nl.subtract,
+            operand0=1.0,
+            reverse0=True,
+            op1=nl.multiply,
+            operand1=p[0:n_q, 0:n_k],
+        )
+        nisa.scalar_tensor_tensor(
+            dst=ds[0:n_q, 0:n_k],
+            data=dp[0:n_q, 0:n_k],
+            op0=nl.add,
+            operand0=neg_d,
+            op1=nl.multiply,
+            operand1=pg[0:n_q, 0:n_k],
+        )
+        return PairTiles(p=p, ds=ds, ds_t=None)
     split = plan.elementwise == "split" or (plan.elementwise == "balanced" and (t + j) % 2 == 0)
     if split:
         # ScalarE: dP - D out of PSUM; VectorE: one SBUF x SBUF multiply by P.
@@ -589,9 +670,10 @@ def _q_grads(st, kv, pair, first, last, sums, dq_dst, scale, plan):
     sums.started[t] = True
 
 
-def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
+def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan):
     """Phase 1 of a query pass ``(h, p0, n_tiles)``: allocate its SBUF tiles and start every
-    DMA (Q, dO and O rows, lse) of the tiles some key reaches; their dQ is zero otherwise."""
+    DMA (Q, dO and O rows, lse; the head's sink) of the tiles some key reaches; their dQ is
+    zero otherwise (and so is their dsinks contribution, stored here)."""
     h, p0, n_tiles = one_pass
     tq, d = plan.tile_q, plan.d
     rows = n_tiles * tq
@@ -607,11 +689,25 @@ def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
         live=[],
         q_src=[],
         do_src=[],
+        sink=None,
+        dsink_dst=[],
+        n_dead=[],
     )
+    if sinks is not None:
+        qs.sink = nl.ndarray((tq, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink")
+        nisa.dma_copy(dst=qs.sink, src=sinks[h, 0:tq, 0:1])
+    bounds = (plan.left, plan.right)
     for t, (q0, n_q) in enumerate(tiled(plan.sq, tq)[p0 : p0 + n_tiles]):
-        _, k_end = causal_key_bounds(q0, n_q, plan.sq, plan.sk, plan.causal)
-        if k_end <= 0:  # no row of the tile sees a key: its dq is zero
+        k_start, k_end, _, _ = key_bounds(q0, n_q, plan.sq, plan.sk, bounds)
+        if k_end <= k_start:  # no row of the tile sees a key: its dq (and dsinks part) is 0
+            if sinks is not None:
+                zeros = nl.ndarray((n_q, 1), dtype=nl.float32, buffer=nl.sbuf, name="no_dsink")
+                nisa.memset(dst=zeros, value=0.0)
+                nisa.dma_copy(dst=dsink[b, h, q0 : q0 + n_q, 0:1], src=zeros)
             continue
+        if sinks is not None:
+            qs.dsink_dst.append(dsink[b, h, q0 : q0 + n_q, 0:1])
+            qs.n_dead.append(dead_rows(q0, n_q, plan.sq, plan.sk, bounds))
         qs.live.append((t, n_q))
         qs.q_src.append(q[b, h, q0 : q0 + n_q, :])
         qs.do_src.append(dout[b, h, q0 : q0 + n_q, :])
@@ -652,6 +748,22 @@ def _query_pass_prepare(qs, plan, psum_dtype):
             axis=1,
             negate=True,
         )
+        if qs.sink is not None:
+            _dsink_rows(qs, a, t, n_q)
+
+
+def _dsink_rows(qs, a, t, n_q):
+    """The dsinks contribution of live query tile ``t`` (the ``a``-th): per row,
+    ``-exp(sink - lse) D`` from the ``-lse`` and ``-D`` columns the pass already holds,
+    stored to HBM (the op sums the rows). Rows that see no key add 0 (their D is 0, and
+    without a finite sink their ``exp(sink - lse)`` would be ``exp(-inf + inf)``)."""
+    w = nl.ndarray((n_q, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink_weight")
+    nisa.activation(dst=w, op=nl.exp, data=qs.sink[0:n_q, 0:1], bias=qs.neg_lse[0:n_q, t : t + 1])
+    part = nl.ndarray((n_q, 1), dtype=nl.float32, buffer=nl.sbuf, name="dsink_part")
+    nisa.tensor_tensor(dst=part, data1=w, data2=qs.neg_dvec[0:n_q, t : t + 1], op=nl.multiply)
+    if qs.n_dead[a]:
+        nisa.memset(dst=part[0 : qs.n_dead[a], 0:1], value=0.0)
+    nisa.dma_copy(dst=qs.dsink_dst[a], src=part)
 
 
 def _load_kv_rows(k, v, b, hk, j, plan):
@@ -730,14 +842,14 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
         t, j = tj
         q0, k0 = (p0 + t) * tq, j * tk
         n_q, n_k = min(tq, plan.sq - q0), min(tk, plan.sk - k0)
-        seen = tile_visibility(q0, n_q, k0, n_k, plan.sq, plan.sk, plan.causal)
+        seen = tile_visibility(q0, n_q, k0, n_k, plan.sq, plan.sk, (plan.left, plan.right))
         if seen != "none":
             pairs.append(TilePair(t=t, j=j, q0=q0, n_q=n_q, k0=k0, n_k=n_k, seen=seen))
     return pairs
 
 
 @nki.jit
-def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
+def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
     """``(dq, dk, dv)`` for attention in BHSD layout (HBM): ``dout, q, out [B, H, Sq, D]``,
     ``k, v [B, Hkv, Sk, D]``, ``lse [B, H, Sq]`` fp32; ``scale`` is the softmax scale
     (a compile-time float) and ``plan`` the :class:`FlashAttentionBwdPlan` for these shapes.
@@ -771,6 +883,9 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
     if plan.split_groups:
         dk_part = nl.ndarray(parts, dtype=nl.float32, buffer=nl.shared_hbm, name="dk_part")
         dv_part = nl.ndarray(parts, dtype=nl.float32, buffer=nl.shared_hbm, name="dv_part")
+    dsink = None
+    if sinks is not None:
+        dsink = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="dsink")
 
     tq, tk = plan.tile_q, plan.tile_k
     n_kt = (Sk + tk - 1) // tk
@@ -811,7 +926,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
         for ps in passes:
             pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
         kb = plan.kv_block
-        qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan)
+        qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[0], plan)
         _query_pass_prepare(qs_next, plan, psum_dtype)
         kv_next = kv_all
         if kv_outer:
@@ -829,7 +944,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
             has_next = i + 1 < len(passes)
             next_block = -1
             if has_next:
-                qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan)
+                qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[i + 1], plan)
                 if kv_outer and len(pass_pairs[i + 1]) > 0:
                     next_block = pass_pairs[i + 1][0].j // kb
             if kv_outer and n_kt <= kb and next_block >= 0:
@@ -854,6 +969,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
                 if len(blocks) == 0 or blocks[-1] != jb:
                     blocks.append(jb)
             states = [None] * n_pairs  # per pair: its PairTiles, from stage 1 to stage 3
+            tanhs = [None] * n_pairs  # softcap: per pair its tanh(scale S / softcap) tile
             for step in range(n_pairs + plan.lag_q):
                 n = step
                 if n < n_pairs:
@@ -870,9 +986,28 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
                             ahead, dst_tiles = next_block, kv_next
                     if ahead >= 0 and first:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
-                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan)
+                    if plan.softcap and plan.tanh_blocks == 0:
+                        tanhs[n] = _tanh_scores(qs, kv_tiles[pair.j], pair, scale, plan)
+                    if plan.softcap and plan.tanh_blocks > 0 and first and tanhs[n] is None:
+                        # tanh of the whole key block's pairs at once: ScalarE switches
+                        # its activation table (tanh, exp) twice per block, not per pair
+                        m = n
+                        while m < n_pairs and kv_group[m] == kv_group[n]:
+                            tanhs[m] = _tanh_scores(qs, kv_tiles[pairs[m].j], pairs[m], scale, plan)
+                            m += 1
+                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan, tanhs[n])
+                    tanhs[n] = None
                     if ahead >= 0 and last:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
+                        if plan.softcap and plan.tanh_blocks == 2 and dst_tiles is kv_tiles:
+                            # the next key block of this pass is loaded: its tanh burst now,
+                            # while this block's pairs drain, not when its first pair starts
+                            m = n + 1
+                            while m < n_pairs and kv_group[m] == ahead:
+                                tanhs[m] = _tanh_scores(
+                                    qs, kv_tiles[pairs[m].j], pairs[m], scale, plan
+                                )
+                                m += 1
                     if n == n_pairs - 1 and has_next:
                         _query_pass_prepare(qs_next, plan, psum_dtype)
                         prepared = True
@@ -909,18 +1044,35 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
                 dv_dst = dv_part[core, slot, k0 : k0 + n_k, :]
             _store_scaled(dk_dst, dk_src, n_k, scale, D)
             _store_scaled(dv_dst, dv_src, n_k, 1.0, D)
+    if plan.split_groups and sinks is not None:
+        return dq, dk, dv, dk_part, dv_part, dsink
     if plan.split_groups:
         return dq, dk, dv, dk_part, dv_part
+    if sinks is not None:
+        return dq, dk, dv, dsink
     return dq, dk, dv
 
 
 # -- op-level glue: shapes, limits, reference -------------------------------------------------
 
 
-def validate(dout, q, k, v, out, lse, causal=False, softmax_scale=None) -> None:
-    """Refuse bad op input before any work: the attention checks on (q, k, v), then dout and
-    out shaped, typed and placed as q, and lse ``[B, H, Sq]`` float32 on q's device."""
-    validate_attention(OP, q, k, v, causal, softmax_scale)
+def validate(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+) -> None:
+    """Refuse bad op input before any work: the attention checks on (q, k, v) and the
+    window, softcap and sinks, then dout and out shaped, typed and placed as q, and lse
+    ``[B, H, Sq]`` float32 on q's device."""
+    validate_attention(OP, q, k, v, causal, softmax_scale, window, softcap, sinks)
     for arg, t in (("dout", dout), ("out", out), ("lse", lse)):
         if not isinstance(t, torch.Tensor):
             raise LimitError(OP, arg, "must be a torch.Tensor", type(t).__name__)
@@ -945,18 +1097,75 @@ def validate(dout, q, k, v, out, lse, causal=False, softmax_scale=None) -> None:
             )
 
 
-def problem(dout, q, k, v, out, lse, causal=False, softmax_scale=None) -> dict:
+def problem(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+) -> dict:
+    """Sizes (shape syntax ``BxHKVxGROUPSxSQxSKxD``), ``causal``, then the window's sides,
+    ``softcap`` and whether there are ``sinks`` (as the forward's :func:`problem`)."""
     b, h, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     groups = h // hkv if hkv else 0
-    return {"b": b, "hkv": hkv, "groups": groups, "sq": sq, "sk": sk, "d": d, "causal": causal}
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    return {
+        "b": b,
+        "hkv": hkv,
+        "groups": groups,
+        "sq": sq,
+        "sk": sk,
+        "d": d,
+        "causal": causal,
+        "window_left": left,
+        "window_right": right,
+        "softcap": float(softcap),
+        "sinks": sinks is not None,
+    }
 
 
-def reference(dout, q, k, v, out, lse, causal=False, softmax_scale=None, upcast=True):
-    """``(dq, dk, dv)`` in plain torch from the given ``out`` and ``lse`` (closed form):
-    ``P = exp(scale * QK^T - lse)`` (0 where masked), ``dV = P^T dO``,
-    ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``,
-    dK and dV summed over the query heads of each KV head.
+def shape_bucket(problem: dict) -> str:
+    """Each size rounded up to a power of two (at least 128) and causal, as every op's
+    default bucket, then the forward's :func:`feature_suffix` (empty for plain attention,
+    so its buckets stay as they were)."""
+
+    def pow2(x: int) -> int:
+        return max(128, 1 << (max(1, x) - 1).bit_length())
+
+    dims = ("b", "hkv", "groups", "sq", "sk", "d")
+    base = "_".join(f"{dim}{pow2(problem[dim])}" for dim in dims)
+    return f"{base}_causal{str(bool(problem.get('causal'))).lower()}" + feature_suffix(problem)
+
+
+def reference(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    upcast=True,
+):
+    """``(dq, dk, dv, dsinks)`` in plain torch from the given ``out`` and ``lse`` (closed
+    form): with ``C = softcap * tanh(scale * QK^T / softcap)`` (``scale * QK^T`` without a
+    softcap), ``P = exp(C - lse)`` (0 where masked), ``dV = P^T dO``,
+    ``dC = P * (dO V^T - D)`` with ``D = rowsum(dO * O)``, ``dS = dC * (1 - tanh^2)`` (``dC``
+    without a softcap), ``dQ = scale * dS K``, ``dK = scale * dS^T Q``, dK and dV summed over
+    the query heads of each KV head; ``dsinks_h = -sum_{b,i} exp(sink_h - lse) D`` (a row
+    with ``lse = -inf`` adds 0: it sees nothing, its out and D are 0), in sinks' dtype, and
+    an empty float32 tensor without sinks.
 
     fp64 when ``upcast`` (fp64 outputs), else fp32 math with outputs in the inputs' dtype.
     """
@@ -972,19 +1181,34 @@ def reference(dout, q, k, v, out, lse, causal=False, softmax_scale=None, upcast=
     kc = k.to(compute).unsqueeze(2)  # [B, Hkv, 1, Sk, D]: broadcast over the group
     vc = v.to(compute).unsqueeze(2)
     logits = torch.matmul(qc, kc.transpose(-1, -2)) * scale  # [B, Hkv, G, Sq, Sk]
+    if softcap:
+        capped = torch.tanh(logits / softcap)
+        logits = softcap * capped
     # Fully masked rows (lse = -inf) see no key: any finite shift leaves their P at 0.
     shift = torch.where(torch.isinf(lsec), torch.zeros_like(lsec), lsec)
     p = torch.exp(logits - shift)
-    if causal:
-        p = p.masked_fill(~causal_visible(sq, sk, q.device), 0.0)
+    left, right = window_bounds(causal, window)
+    if left >= 0 or right >= 0:
+        p = p.masked_fill(~visible(sq, sk, causal, window, q.device), 0.0)
     dv = torch.matmul(p.transpose(-1, -2), doc).sum(dim=2)
     dp = torch.matmul(doc, vc.transpose(-1, -2))
-    ds = p * (dp - (doc * oc).sum(dim=-1, keepdim=True))
+    dvec = (doc * oc).sum(dim=-1, keepdim=True)
+    ds = p * (dp - dvec)
+    if softcap:
+        ds = ds * (1 - capped * capped)
     dq = (torch.matmul(ds, kc) * scale).reshape(b, h, sq, d)
     dk = (torch.matmul(ds.transpose(-1, -2), qc) * scale).sum(dim=2)
+    if sinks is None:
+        dsinks = torch.zeros(0, dtype=compute if upcast else torch.float32, device=q.device)
+    else:
+        sink = sinks.to(compute).reshape(1, hkv, groups, 1, 1)
+        w = torch.where(torch.isinf(lsec), torch.zeros_like(lsec), torch.exp(sink - shift))
+        dsinks = -(w * dvec).sum(dim=(0, 3, 4)).reshape(h)
+        if not upcast:
+            dsinks = dsinks.to(sinks.dtype)
     if not upcast:
         dq, dk, dv = dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
 
 
 # -- launch from torch -----------------------------------------------------------------------
@@ -999,21 +1223,34 @@ def run_kernels(
     lse: torch.Tensor,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window: list[int] | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     *,
     config: FlashAttentionBwdConfig,
     runner,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the backward kernel; an empty dimension gives zero gradients without a launch."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the backward kernel: ``(dq, dk, dv, dsinks)``, dsinks ``[H]`` in sinks' dtype, or
+    an empty float32 tensor without sinks; an empty dimension gives zero gradients without
+    a launch."""
+    if sinks is None:
+        dsinks = torch.zeros(0, dtype=torch.float32, device=q.device)
+    else:
+        dsinks = torch.zeros_like(sinks)
     if 0 in (*q.shape, k.shape[1], k.shape[2]):
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
     tiles = SPEC.check(
-        problem(dout, q, k, v, out, lse, causal),
+        problem(dout, q, k, v, out, lse, causal, softmax_scale, window, softcap, sinks),
         dtype_name(q),
         config,
         runner.target,
         runner_lnc(runner),
     )
     scale = resolve_scale(softmax_scale, q.shape[3])
+    sink_rows = None
+    if sinks is not None:  # each head's sink on every partition row: [H, 128, 1] fp32
+        h = q.shape[1]
+        sink_rows = sinks.float().reshape(h, 1, 1).expand(h, tiles.tile_q, 1).contiguous()
     outs = runner(
         flash_attention_bwd_kernel[tiles.lnc],
         dout.contiguous(),
@@ -1022,10 +1259,13 @@ def run_kernels(
         v.contiguous(),
         out.contiguous(),
         lse.contiguous(),
+        sink_rows,
         scale,
         tiles,
     )
     dq, dk, dv = outs[:3]
+    if sinks is not None:  # the kernel's per-row parts, summed over batch and rows
+        dsinks = outs[-1].sum(dim=(0, 2, 3)).to(sinks.dtype)
     if tiles.split_groups:  # groups split over the cores: their fp32 dK/dV partials, added
         # in core order and rounded once (deterministic: the same order every run)
         dk_part, dv_part = outs[3], outs[4]
@@ -1036,12 +1276,14 @@ def run_kernels(
                 dk_sum, dv_sum = dk_sum + dk_part[c, slot], dv_sum + dv_part[c, slot]
             dk[b, kvh] = dk_sum.to(dk.dtype)
             dv[b, kvh] = dv_sum.to(dv.dtype)
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
 
 
 def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
-    """``(dout, q, k, v, out, lse, causal, None)``: q, k, v, dout ~ N(0, 1) in ``dtype``,
-    out and lse from the fp64 reference forward (out rounded to ``dtype``, lse fp32)."""
+    """``(dout, q, k, v, out, lse, causal, None, window, softcap, sinks)``: q, k, v, dout
+    ~ N(0, 1) in ``dtype``, the window, softcap and sinks of ``problem`` (the forward's
+    :func:`draw_features`), out and lse from the fp64 reference forward (out rounded to
+    ``dtype``, lse fp32)."""
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     causal = bool(problem.get("causal", False))
@@ -1051,8 +1293,9 @@ def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     k = torch.randn(b, hkv, sk, d, generator=generator).to(tdt)
     v = torch.randn(b, hkv, sk, d, generator=generator).to(tdt)
     dout = torch.randn(b, h, sq, d, generator=generator).to(tdt)
-    o, lse = attention_reference(q, k, v, causal, None, upcast=True)
-    return dout, q, k, v, o.to(tdt), lse.to(torch.float32), causal, None
+    window, softcap, sinks = draw_features(problem, h, generator)
+    o, lse = attention_reference(q, k, v, causal, None, window, softcap, sinks, upcast=True)
+    return dout, q, k, v, o.to(tdt), lse.to(torch.float32), causal, None, window, softcap, sinks
 
 
 def kv_group_slice(problem: dict, lnc: int = 1) -> tuple[dict, int]:
@@ -1096,6 +1339,13 @@ def _bad_inputs():
         (args(lse=f(1, 2, 3, dtype=torch.bfloat16)), "lse dtype"),
         (args(lse=f(1, 2, 3, device="meta")), "lse device"),
         (args(q=f(1, 2, 3, 300), k=f(1, 1, 5, 300), v=f(1, 1, 5, 300)), "head dim"),
+        ((*args(), False, None, [1]), "window"),
+        ((*args(), False, None, [-3, 0]), "window"),
+        ((*args(), False, None, None, -2.0), "softcap"),
+        ((*args(), False, None, None, float("inf")), "softcap"),
+        ((*args(), False, None, None, 0.0, f(3)), "sinks shape"),
+        ((*args(), False, None, None, 0.0, f(2, dtype=torch.float16)), "sinks dtype"),
+        ((*args(), False, None, None, 0.0, f(2, device="meta")), "sinks device"),
     ]
 
 
@@ -1136,6 +1386,12 @@ SPEC = register(
                 "sq": (1, 160),
                 "sk": (1, 160),
                 "d": (1, 136),
+                "causal": (0, 1),
+                # as the forward's: negative draws leave the window side / softcap off
+                "window_left": (-160, 160),
+                "window_right": (-160, 160),
+                "softcap": (-60, 60),
+                "sinks": (0, 1),
             },
             "edges": (1, 2, 3, 64, 127, 128, 129),
             # every config runs here, checked: causal with Sq > Sk (fully masked rows),
@@ -1145,6 +1401,7 @@ SPEC = register(
             "large": {"b": 1, "hkv": 1, "groups": 1, "sq": 8192, "sk": 256, "d": 256},
         },
         kernels=(flash_attention_bwd_kernel,),
+        shape_bucket=shape_bucket,
         model_slice=kv_group_slice,
         bad_inputs=_bad_inputs,
         budget_hints={

@@ -37,7 +37,7 @@ def _problem(sq, sk, d=32, hkv=1, groups=1, b=1, causal=False):
 
 def _inputs(problem, dtype="float32", seed=0, scale=None, magnitude=1.0):
     gen = torch.Generator().manual_seed(seed)
-    dout, q, k, v, _, _, causal, _ = SPEC.make_inputs(problem, "float32", gen)
+    dout, q, k, v, _, _, causal, *_ = SPEC.make_inputs(problem, "float32", gen)
     tdt = getattr(torch, dtype)
     q, k = (q * magnitude).to(tdt), (k * magnitude).to(tdt)
     v, dout = v.to(tdt), dout.to(tdt)
@@ -47,7 +47,7 @@ def _inputs(problem, dtype="float32", seed=0, scale=None, magnitude=1.0):
 
 def _truth(args):
     """fp64 autograd through the attention reference: the gradients the op approximates."""
-    dout, q, k, v, _, _, causal, scale = args
+    dout, q, k, v, _, _, causal, scale = args[:8]
     leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     out, _ = attention_reference(*leaves, causal, scale, upcast=True)
     out.backward(dout.double())
@@ -56,7 +56,7 @@ def _truth(args):
 
 def _torch_sdpa_grads(args):
     """PyTorch's own SDPA backward at the inputs' dtype (explicit bottom-right mask)."""
-    dout, q, k, v, _, _, causal, scale = args
+    dout, q, k, v, _, _, causal, scale = args[:8]
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     sq, sk = q.shape[2], k.shape[2]
     mask = None
@@ -74,6 +74,7 @@ def _max_err(got, want):
 
 
 def _check_against_truth(args, grads, context=""):
+    grads = grads[:3]  # (dq, dk, dv); dsinks is empty without sinks
     truth = _truth(args)
     dtype = args[1].dtype
     for name, g in zip(("dq", "dk", "dv"), grads):
@@ -129,11 +130,11 @@ def test_fully_masked_rows_get_zero_dq_and_add_nothing():
     sq, sk = 300, 40
     args = _inputs(_problem(sq, sk, d=16, groups=2, causal=True), seed=7)
     assert torch.isinf(args[5][:, :, : sq - sk]).all()
-    dq, dk, dv = run_kernel(SPEC, args)
+    dq, dk, dv, _ = run_kernel(SPEC, args)
     assert (dq[:, :, : sq - sk] == 0).all()
     _check_against_truth(args, (dq, dk, dv), "[masked rows]")
     visible = [a[:, :, sq - sk :] if i in (0, 1, 4, 5) else a for i, a in enumerate(args)]
-    _, dk_vis, dv_vis = run_kernel(SPEC, tuple(visible))
+    _, dk_vis, dv_vis, _ = run_kernel(SPEC, tuple(visible))
     assert_within_tolerance((dk, dv), (dk_vis, dv_vis), SPEC.tolerances["float32"], "[visible]")
 
 
@@ -173,7 +174,7 @@ def test_several_key_blocks_and_passes_prefetch_correctly():
         SPEC.config(tile_k=64, q_block=4, kv_block=1, elementwise="balanced"),
         SPEC.config(tile_k=64, q_block=4, loop_order="q_outer"),
     ):
-        out = run_kernel(SPEC, args, config)
+        out = run_kernel(SPEC, args, config)[:3]
         assert_within_tolerance(out, truth, SPEC.tolerances["float32"], f"[{config}]")
 
 
