@@ -46,21 +46,6 @@ GRAD_RTOL, GRAD_ATOL_OF_MAX = 1e-3, 1e-3
 UPDATE_REL_TOL = 1e-2
 
 
-def _attention_features_landed() -> bool:
-    """True once ``torch.ops.neuron.flash_attention`` takes ``window`` (with softcap, sinks)."""
-    schema = torch.ops.neuron.flash_attention.default._schema
-    return "window" in {a.name for a in schema.arguments}
-
-
-def _require_attention_features() -> None:
-    # The one skip pending the attention-features branch: delete it when that branch merges.
-    if not _attention_features_landed():
-        pytest.skip(
-            "torch.ops.neuron.flash_attention has no window/softcap/sinks arguments yet "
-            "(attention-features branch, not merged)"
-        )
-
-
 def _config(family: str):
     """A tiny config of ``family``: hidden 32, 2 layers, 4 query heads over 2 KV heads (GQA),
     head dim 8, vocab 64; the family's attention features switched on and made to matter."""
@@ -214,8 +199,6 @@ def test_llama_reaches_the_op_without_a_dense_mask(monkeypatch, kernel_launches)
 def test_patched_model_matches_unpatched(family, kernel_launches):
     """Logits and every parameter gradient (cross-entropy on the next token, training mode)
     of the patched model against the unpatched eager one, fp32."""
-    if family in NEEDS_FEATURES:
-        _require_attention_features()
     want_model = _model(_config(family)).train()
     got_model = copy.deepcopy(want_model)
     swapped = nkt.apply_neuron_kernels(got_model)
@@ -274,53 +257,15 @@ def test_gpt_oss_sinks_matter_at_these_sizes():
     assert gap > 100 * LOGITS_TOL["atol"], gap
 
 
-# -- the features' translation, against the op's documented interface ---------------------
-
-
-def _documented_flash_attention(
-    q, k, v, causal, softmax_scale, window=None, softcap=0.0, sinks=None
-):
-    """A plain-torch stand-in for ``torch.ops.neuron.flash_attention`` as its interface is
-    specified (FlashAttention's ``window_size``): causal and ``window=(left, right)`` (-1
-    unbounded) aligned bottom-right (query ``i`` at key position ``i + Sk - Sq``) and
-    intersected; ``softcap``: scaled scores -> ``softcap * tanh(s / softcap)``; ``sinks``:
-    a per-head logit in the softmax denominator only."""
-    h, sq, d = q.shape[1], q.shape[2], q.shape[3]
-    sk = k.shape[2]
-    k = k.repeat_interleave(h // k.shape[1], dim=1)
-    v = v.repeat_interleave(h // v.shape[1], dim=1)
-    scale = d**-0.5 if softmax_scale is None else softmax_scale
-    s = q @ k.transpose(-1, -2) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(sq).unsqueeze(1) + (sk - sq)
-    j = torch.arange(sk).unsqueeze(0)
-    seen = torch.ones(sq, sk, dtype=torch.bool)
-    if causal:
-        seen &= j <= i
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            seen &= j >= i - left
-        if right >= 0:
-            seen &= j <= i + right
-    s = s.masked_fill(~seen, float("-inf"))
-    if sinks is not None:
-        sink = sinks.reshape(1, h, 1, 1).expand(q.shape[0], h, sq, 1)
-        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        p = torch.softmax(s, dim=-1)
-    return p @ v
+# -- the features' translation, on the op's reference mode ---------------------------------
 
 
 @pytest.mark.parametrize("family", [*sorted(NEEDS_FEATURES), "qwen2_sliding"])
-def test_features_translate_to_the_documented_op(family, monkeypatch):
-    """The window, softcap and sinks each layer passes, given to a stand-in computing the
-    op's documented semantics, reproduce eager's logits: the translation (``sliding_window=W``
-    -> ``window=(W - 1, 0)``, softcap, ``s_aux`` -> sinks) is right before the kernel has
-    them (the tests above then check the kernel). Forward, prefill and decoding past the
-    window with the cache."""
-    monkeypatch.setattr(nkt, "_flash_attention", _documented_flash_attention)
+def test_features_translate_to_the_op(family):
+    """The window, softcap and sinks each layer passes, given to the op in its reference mode
+    (plain torch, fast), reproduce eager's logits: the translation (``sliding_window=W`` ->
+    ``window=(W - 1, 0)``, softcap, ``s_aux`` -> sinks) is right (the tests above check the
+    kernel on the interpreter). Forward, prefill and decoding past the window with the cache."""
     want_model = _model(_config(family)).eval()
     got_model = copy.deepcopy(want_model)
     nkt.apply_neuron_kernels(got_model)
@@ -352,7 +297,7 @@ def test_feature_flags_reach_the_op_without_a_dense_mask(family, monkeypatch):
 
     def op(q, k, v, causal, scale, **features):
         calls.append((causal, features))
-        return _documented_flash_attention(q, k, v, causal, scale, **features)
+        return torch.ops.neuron.flash_attention(q, k, v, causal, scale, **features)
 
     monkeypatch.setitem(AttentionInterface._global_mapping, "neuron", attention)
     monkeypatch.setattr(nkt, "_flash_attention", op)
@@ -532,7 +477,6 @@ def test_llama_generate_with_cache_matches_eager():
 
 def test_mistral_generate_past_the_window_matches_eager():
     """Decoding past the window: the sliding cache and the op's window, both bottom-right."""
-    _require_attention_features()
     want_model = _model(_config("mistral")).eval()
     got_model = copy.deepcopy(want_model)
     nkt.apply_neuron_kernels(got_model)
