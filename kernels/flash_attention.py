@@ -87,14 +87,18 @@ __all__ = [
     "FlashAttentionConfig",
     "FlashAttentionPlan",
     "attention_reference",
+    "bounds_bytes",
     "causal_visible",
     "dead_rows",
     "flash_attention_fwd_kernel",
     "key_bounds",
+    "load_bounds",
+    "mask_bounds",
     "mask_window",
     "matmul_over_d",
     "plan",
     "resolve_scale",
+    "runtime_bounds_mode",
     "tile_visibility",
     "transpose_blocks",
     "validate_attention",
@@ -502,6 +506,13 @@ class FlashAttentionPlan(nl.NKIObject):
     core_groups: tuple  # per core, its work: ((b, kv head, ((head, q0), ...)), ...)
     sbuf_bytes: int
     psum_banks: int
+    # Packed rows (varlen): q, k, v and out are [B, S, heads, D] in HBM, read and written
+    # through BHSD views (a row stride of heads * D), never copied.
+    packed: bool = False
+    # Run-time key bounds (varlen): "" none; else each query row's visible keys [lo, hi)
+    # are kernel data (:func:`load_bounds`) and every score tile is masked with them
+    # (:func:`mask_bounds`): "range_select" (NeuronCore-v3+) or "iota" (v2).
+    runtime_bounds: str = ""
 
 
 def split_groups(b, hkv, group, tiles, costs, lnc):
@@ -581,6 +592,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     left, right = window_bounds(causal, window)
     softcap = float(problem.get("softcap", 0.0))
     scale = resolve_scale(problem.get("scale"), d)
+    bounded = runtime_bounds_mode(problem, target)
     if config.load_transpose == "dma":
         target.check_dma_transpose(OP, "config load_transpose", dtype, ITEMSIZE[dtype])
     if config.k_tile > target.psum_bank_fmax or config.k_tile > target.gemm_moving_fmax:
@@ -631,7 +643,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
             d_tiles,
             q_tile,
             item,
-            left >= 0 or right >= 0 or softcap > 0,
+            left >= 0 or right >= 0 or softcap > 0 or bool(bounded),
             config,
             kv_chunks,
             lags,
@@ -672,9 +684,28 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         core_groups=split_groups(
             b, hkv, h // hkv, *query_tiles(h // hkv, sq, sk, q_tile, causal, window), lnc
         ),
-        sbuf_bytes=sbuf,
+        sbuf_bytes=sbuf + bounds_bytes(bounded, sq, q_tile),
         psum_banks=banks,
+        packed=bool(problem.get("packed", False)),
+        runtime_bounds=bounded,
     )
+
+
+def runtime_bounds_mode(problem: dict, target: Target) -> str:
+    """The plan's ``runtime_bounds``: "" unless ``problem["runtime_bounds"]``; then
+    "range_select" where the target has it (NeuronCore-v3+), else "iota"."""
+    if not problem.get("runtime_bounds"):
+        return ""
+    return "range_select" if target.has_range_select else "iota"
+
+
+def bounds_bytes(mode: str, sq: int, q_tile: int) -> int:
+    """SBUF bytes per partition of the run-time bounds (:func:`load_bounds`): two fp32
+    columns per query tile; the "iota" masks add one key-position and two fp32 mask rows
+    of at most one PSUM bank (512 keys)."""
+    if not mode:
+        return 0
+    return ceil_div(sq, q_tile) * 2 * 4 + (3 * 512 * 4 if mode == "iota" else 0)
 
 
 # -- kernel helpers the forward and the backward share -----------------------------------
@@ -726,6 +757,54 @@ def mask_window(tile, n_q, n_k, q0, k0, plan, fill):
             cmp_op=nl.greater_equal,
             offset=k0 - q0 - off + plan.left,
         )
+
+
+def load_bounds(kv_bounds, plan):
+    """The run-time key bounds in SBUF: ``kv_bounds [q_tile, query tiles, 2]`` fp32 (HBM;
+    row ``p`` of query tile ``t`` is query ``t * q_tile + p``; its visible keys are
+    ``[lo, hi) = kv_bounds[p, t, 0:2]``), one DMA per kernel, or None without bounds."""
+    if kv_bounds is None:
+        return None
+    rows, tiles = kv_bounds.shape[0], kv_bounds.shape[1]
+    sb = nl.ndarray((rows, tiles, 2), dtype=nl.float32, buffer=nl.sbuf, name="kv_bounds")
+    nisa.dma_copy(dst=sb, src=kv_bounds)
+    return sb
+
+
+def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill):
+    """Set the entries of the fp32 SBUF score tile ``tile [n_q, n_k]`` (query row ``p`` of
+    query tile ``t``, key ``k0 + f`` in column ``f``) outside the row's run-time bounds
+    ``[lo, hi)`` (:func:`load_bounds`) to a fill, in place. "range_select" (VectorE,
+    NeuronCore-v3+; isa range_select: ``lo <= k0 + f < hi`` compared in fp32, exact below
+    2^24) fills with FP32_MIN, whatever ``fill`` is. "iota" (v2): key positions by GpSimd
+    iota, ``c = (k >= lo) * -fill`` then ``c = (k < hi) * c`` (VectorE, ALU compares give
+    1.0 or 0.0), then ``tile = (c + fill) + tile``: ``tile`` exactly where visible
+    (``-fill + fill = 0``), ``fill + tile`` (``fill`` to within ``|tile|``) elsewhere."""
+    lo, hi = bounds[0:n_q, t, 0:1], bounds[0:n_q, t, 1:2]
+    if plan.runtime_bounds == "range_select":
+        nisa.range_select(
+            dst=tile,
+            on_true_tile=tile,
+            comp_op0=nl.greater_equal,
+            comp_op1=nl.less,
+            bound0=lo,
+            bound1=hi,
+            reduce_cmd=nisa.reduce_cmd.idle,
+            range_start=k0,
+        )
+        return
+    keys = nl.ndarray((n_q, n_k), dtype=nl.float32, buffer=nl.sbuf, name="key_pos")
+    nisa.iota(dst=keys, pattern=[[1, n_k]], offset=k0, channel_multiplier=0)
+    keep = nl.ndarray((n_q, n_k), dtype=nl.float32, buffer=nl.sbuf, name="key_keep")
+    nisa.tensor_scalar(
+        dst=keep, data=keys, op0=nl.greater_equal, operand0=lo, op1=nl.multiply, operand1=-fill
+    )
+    nisa.scalar_tensor_tensor(
+        dst=keep, data=keys, op0=nl.less, operand0=hi, op1=nl.multiply, operand1=keep
+    )
+    nisa.scalar_tensor_tensor(
+        dst=tile, data=keep, op0=nl.add, operand0=fill, op1=nl.add, operand1=tile
+    )
 
 
 def transpose_blocks(dst, src, rows, cols, plan):
@@ -857,31 +936,35 @@ def masked_fill(plan) -> float:
     return min(-2.0, MASK_FILL / plan.softcap) if plan.softcap else MASK_FILL
 
 
-def _stored_scores(s_ps, qs, ks, q0, k0, plan):
+def _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds=None):
     """A score tile kept in SBUF: ``scale * S`` copied out of PSUM (VectorE), or with a
     softcap ``t = tanh(scale * S / softcap)`` (ScalarE's tanh, reading PSUM; the exp then
     takes ``softcap * t``); masked there with :func:`masked_fill` where a window edge
     crosses it (GpSimd cannot read PSUM). The source of its row max and of its exp, at
-    the exp scale :func:`stored_scale`. Both softmaxes keep scores this way."""
+    the exp scale :func:`stored_scale`. Both softmaxes keep scores this way. With run-time
+    bounds (``bounds = (SBUF bounds, query tile)``) every tile is masked by them instead
+    (:func:`mask_bounds`)."""
     s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
     if plan.softcap:
         nisa.activation(dst=s_sb, op=nl.tanh, data=s_ps, scale=plan.scale / plan.softcap)
     else:
         nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
-    if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
+    if bounds is not None:
+        mask_bounds(s_sb, qs, ks, k0, bounds[0], bounds[1], plan, masked_fill(plan))
+    elif tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
         mask_window(s_sb, qs, ks, q0, k0, plan, masked_fill(plan))
     return s_sb
 
 
-def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
+def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, bounds=None):
     """One key tile's scores: (source of its row max and exp, the exp's scale). Tiles
     crossing a window edge are scaled into SBUF and masked there (the scale is then 1);
     the others stay raw in PSUM with the softmax scale."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, q_t, 0, qs, kt, kk0, ks, plan)
     seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
-    if seen == "some" or plan.softcap:
-        return _stored_scores(s_ps, qs, ks, q0, k0, plan), stored_scale(plan)
+    if seen == "some" or plan.softcap or bounds is not None:
+        return _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds), stored_scale(plan)
     return s_ps, plan.scale
 
 
@@ -900,6 +983,7 @@ class OnlineTile(nl.NKIObject):
     latest_max: object  # [qs, 1] fp32 the newest -running max (the front half runs ahead)
     row_sum: object  # [qs, 1] fp32 running sum of P, rescaled as the max grows
     o_acc: object  # [qs, D] fp32 running P V, rescaled as the max grows
+    bounds: object = None  # run-time bounds: (SBUF bounds, this query tile's index), or None
 
 
 @dataclass
@@ -987,7 +1071,7 @@ def _scores_and_max(r, kt, k0, plan):
     their row max (or min, for a negative scale) on VectorE."""
     s, ks, kk0 = r.s, r.ks, r.kk0
     qs = s.qs
-    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan)
+    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan, s.bounds)
     ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
     # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
     nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
@@ -1138,7 +1222,7 @@ def _drain(pending, out, lse, b, q_dtype, plan):
         _close_query_tile(s, out, lse, b, plan)
 
 
-def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
+def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan, bounds=None):
     """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
     ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
     key tiles and across groups: the next key tile's scores and max (the next group's
@@ -1149,6 +1233,8 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
         states = []
         for h, q0 in tiles[t0 : t0 + plan.q_group]:
             states.append(_open_query_tile(q, b, h, q0, plan))
+            if bounds is not None:
+                states[-1].bounds = (bounds, q0 // plan.q_tile)
         last = None
         kt = vb = None
         if kv is not None:
@@ -1194,6 +1280,7 @@ class QueryTile(nl.NKIObject):
     p: list  # per key tile: P = exp(scale * S - max) in SBUF, q's dtype
     p_t: list  # per key tile: ((P^T tile, chunk in it, keys, V chunk), ...) in SBUF
     o_ps: object  # [qs, D] fp32 PSUM: P V summed over every key the tile sees
+    bounds: object = None  # run-time bounds: (SBUF bounds, this query tile's index), or None
 
 
 def _query_tile(h, q0, plan):
@@ -1211,8 +1298,8 @@ def _query_tile(h, q0, plan):
         # chunks, so P^T chunks stay on V's chunks) stay in PSUM; only the chunks an edge
         # crosses (before and after them) are scaled and masked in SBUF.
         seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, bounds)
-        if seen != "some" or plan.softcap:  # softcap: every tile's tanh is kept in SBUF
-            spans.append((k0, ks, bool(plan.softcap)))
+        if seen != "some" or plan.softcap or plan.runtime_bounds:  # all kept in SBUF
+            spans.append((k0, ks, bool(plan.softcap) or bool(plan.runtime_bounds)))
             continue
         for c0, cs in tiled(k0 + ks, plan.d_tile, k0):
             masked = tile_visibility(q0, qs, c0, cs, plan.sq, plan.sk, bounds) != "all"
@@ -1290,7 +1377,7 @@ def _max_step(q, b, qt, j, kt, plan):
             axis=1,
         )
         return
-    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan)
+    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan, qt.bounds)
     nisa.tensor_reduce(dst=qt.ext_masked[0:qs, col : col + 1], op=nl.max, data=s_sb, axis=1)
     qt.masked[j] = s_sb
 
@@ -1437,7 +1524,7 @@ def _close_two_pass(qt, out, lse, b, plan):
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
-def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
+def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan, bounds=None):
     """Every (head, q0) query tile of one KV head in two passes over its keys, software-
     pipelined over the flat list of (query tile, key tile) steps: at step ``i`` the max
     pass runs ``plan.lead`` steps ahead (so a tile's max is known before its exps), the exp
@@ -1448,6 +1535,8 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
     steps = []  # (query tile, key tile), in order
     for h, q0 in tiles:
         qt = _query_tile(h, q0, plan)
+        if bounds is not None:
+            qt.bounds = (bounds, q0 // plan.q_tile)
         if not qt.keys:  # no key is visible to any row of the tile
             _close_two_pass(qt, out, lse, b, plan)
             continue
@@ -1491,7 +1580,7 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
 
 
 @nki.jit
-def flash_attention_fwd_kernel(q, k, v, plan):
+def flash_attention_fwd_kernel(q, k, v, plan, kv_bounds=None):
     """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
     for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM.
 
@@ -1499,7 +1588,13 @@ def flash_attention_fwd_kernel(q, k, v, plan):
     Launched as ``flash_attention_fwd_kernel[plan.lnc]``: each physical core runs its share
     ``plan.core_groups[nl.program_id(0)]`` of (batch, KV head) groups and query tiles and
     writes only those rows of out and lse.
+
+    ``plan.packed``: q ``[B, Sq, H, D]``, k and v ``[B, Sk, Hkv, D]`` and out in that
+    layout (read and written through BHSD views). ``kv_bounds`` (``plan.runtime_bounds``):
+    each query row's visible keys, :func:`load_bounds`.
     """
+    if plan.packed:
+        q, k, v = q.permute((0, 2, 1, 3)), k.permute((0, 2, 1, 3)), v.permute((0, 2, 1, 3))
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     assert (B, H, Hkv, Sq, Sk, D) == (plan.b, plan.h, plan.hkv, plan.sq, plan.sk, plan.d), (
@@ -1508,16 +1603,22 @@ def flash_attention_fwd_kernel(q, k, v, plan):
     assert nl.num_programs(0) == plan.lnc, (
         "flash_attention: launch flash_attention_fwd_kernel[plan.lnc]"
     )
-    out = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="out")
+    out_shape = (B, Sq, H, D) if plan.packed else (B, H, Sq, D)
+    out_hbm = nl.ndarray(out_shape, dtype=q.dtype, buffer=nl.shared_hbm, name="out")
+    out = out_hbm.permute((0, 2, 1, 3)) if plan.packed else out_hbm
     lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="lse")
+    assert (kv_bounds is None) == (not plan.runtime_bounds), (
+        "flash_attention: kv_bounds and plan.runtime_bounds go together"
+    )
+    bounds = load_bounds(kv_bounds, plan)
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
         if plan.softmax == "two_pass":
-            _two_pass_kv_head(q, out, lse, kv[0], kv[1], b, tiles, plan)
+            _two_pass_kv_head(q, out, lse, kv[0], kv[1], b, tiles, plan, bounds)
         else:
-            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan)
-    return out, lse
+            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan, bounds)
+    return out_hbm, lse
 
 
 # -- op-level glue: problem, launch, inputs ---------------------------------------------------
