@@ -771,20 +771,22 @@ def load_bounds(kv_bounds, plan):
     return sb
 
 
-def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill):
-    """Set the entries of the fp32 SBUF score tile ``tile [n_q, n_k]`` (query row ``p`` of
-    query tile ``t``, key ``k0 + f`` in column ``f``) outside the row's run-time bounds
-    ``[lo, hi)`` (:func:`load_bounds`) to a fill, in place. "range_select" (VectorE,
+def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill, src=None):
+    """Set the fp32 SBUF score tile ``tile [n_q, n_k]`` (query row ``p`` of query tile
+    ``t``, key ``k0 + f`` in column ``f``) to ``src`` (PSUM or SBUF; default ``tile``, in
+    place) where the key is within the row's run-time bounds ``[lo, hi)``
+    (:func:`load_bounds`), else to a fill. "range_select" (VectorE,
     NeuronCore-v3+; isa range_select: ``lo <= k0 + f < hi`` compared in fp32, exact below
     2^24) fills with FP32_MIN, whatever ``fill`` is. "iota" (v2): key positions by GpSimd
     iota, ``c = (k >= lo) * -fill`` then ``c = (k < hi) * c`` (VectorE, ALU compares give
-    1.0 or 0.0), then ``tile = (c + fill) + tile``: ``tile`` exactly where visible
-    (``-fill + fill = 0``), ``fill + tile`` (``fill`` to within ``|tile|``) elsewhere."""
+    1.0 or 0.0), then ``tile = (c + fill) + src``: ``src`` exactly where visible
+    (``-fill + fill = 0``), ``fill + src`` (``fill`` to within ``|src|``) elsewhere."""
     lo, hi = bounds[0:n_q, t, 0:1], bounds[0:n_q, t, 1:2]
+    src = tile if src is None else src
     if plan.runtime_bounds == "range_select":
         nisa.range_select(
             dst=tile,
-            on_true_tile=tile,
+            on_true_tile=src,
             comp_op0=nl.greater_equal,
             comp_op1=nl.less,
             bound0=lo,
@@ -803,7 +805,7 @@ def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill):
         dst=keep, data=keys, op0=nl.less, operand0=hi, op1=nl.multiply, operand1=keep
     )
     nisa.scalar_tensor_tensor(
-        dst=tile, data=keep, op0=nl.add, operand0=fill, op1=nl.add, operand1=tile
+        dst=tile, data=keep, op0=nl.add, operand0=fill, op1=nl.add, operand1=src
     )
 
 

@@ -495,12 +495,16 @@ def _scores(qs, kv, pair, scale, plan):
     matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
     src, exp_scale = s[0:n_q, 0:n_k], scale
-    if qs.bounds is not None:  # run-time bounds: scale * S masked in SBUF before the exp
+    if qs.bounds is not None:  # run-time bounds: S masked into SBUF before the exp
         bounded = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="s_bounded")
-        nisa.tensor_scalar(dst=bounded[0:n_q, 0:n_k], data=src, op0=nl.multiply, operand0=scale)
-        at = qs.bounds[1] + t
-        mask_bounds(bounded[0:n_q, 0:n_k], n_q, n_k, pair.k0, qs.bounds[0], at, plan, MASK_FILL)
-        src, exp_scale = bounded[0:n_q, 0:n_k], 1.0
+        at, sb = qs.bounds[1] + t, bounded[0:n_q, 0:n_k]
+        if scale >= 1e-6:  # straight out of PSUM: scale * fill stays below -1e24, exp 0
+            mask_bounds(sb, n_q, n_k, pair.k0, qs.bounds[0], at, plan, MASK_FILL, src)
+            src = sb
+        else:  # scale * S first, so a negative (or tiny) scale cannot lift the fill
+            nisa.tensor_scalar(dst=sb, data=src, op0=nl.multiply, operand0=scale)
+            mask_bounds(sb, n_q, n_k, pair.k0, qs.bounds[0], at, plan, MASK_FILL)
+            src, exp_scale = sb, 1.0
     if plan.softcap:  # t = tanh(scale * S / softcap) (ScalarE, from PSUM); P = exp(softcap t - lse)
         tanh_s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
         nisa.activation(dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=src, scale=scale / plan.softcap)

@@ -258,8 +258,14 @@ def _is_int(x) -> bool:
 
 
 def _concrete_cpu(t) -> bool:
-    """A CPU tensor whose values can be read (not a fake tensor of a compile trace)."""
-    return t.device.type == "cpu" and not isinstance(t, FakeTensor)
+    """A plain CPU tensor whose values can be read: not a fake, functional or traced tensor
+    of a ``torch.compile``/export trace (no fake, proxy or functional mode active)."""
+    if t.device.type != "cpu" or type(t) is not torch.Tensor:
+        return False
+    if torch._is_functional_tensor(t):
+        return False
+    modes = torch._C._TorchDispatchModeKey
+    return all(torch._C._get_dispatch_mode(m) is None for m in (modes.FAKE, modes.PROXY))
 
 
 def validate_varlen(
