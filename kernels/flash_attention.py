@@ -771,13 +771,14 @@ def load_bounds(kv_bounds, plan):
     return sb
 
 
-def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill, src=None):
+def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill, src=None, reduce_res=None):
     """Set the fp32 SBUF score tile ``tile [n_q, n_k]`` (query row ``p`` of query tile
     ``t``, key ``k0 + f`` in column ``f``) to ``src`` (PSUM or SBUF; default ``tile``, in
     place) where the key is within the row's run-time bounds ``[lo, hi)``
     (:func:`load_bounds`), else to a fill. "range_select" (VectorE,
     NeuronCore-v3+; isa range_select: ``lo <= k0 + f < hi`` compared in fp32, exact below
-    2^24) fills with FP32_MIN, whatever ``fill`` is. "iota" (v2): key positions by GpSimd
+    2^24) fills with FP32_MIN, whatever ``fill`` is, and with ``reduce_res`` ([n_q, 1]
+    fp32) also writes the row max of the result there, in the same pass. "iota" (v2): key positions by GpSimd
     iota, ``c = (k >= lo) * -fill`` then ``c = (k < hi) * c`` (VectorE, ALU compares give
     1.0 or 0.0), then ``tile = (c + fill) + src``: ``src`` exactly where visible
     (``-fill + fill = 0``), ``fill + src`` (``fill`` to within ``|src|``) elsewhere."""
@@ -791,7 +792,8 @@ def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill, src=None):
             comp_op1=nl.less,
             bound0=lo,
             bound1=hi,
-            reduce_cmd=nisa.reduce_cmd.idle,
+            reduce_cmd=nisa.reduce_cmd.idle if reduce_res is None else nisa.reduce_cmd.reset_reduce,
+            reduce_res=reduce_res,
             range_start=k0,
         )
         return
@@ -807,6 +809,14 @@ def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill, src=None):
     nisa.scalar_tensor_tensor(
         dst=tile, data=keep, op0=nl.add, operand0=fill, op1=nl.add, operand1=src
     )
+
+
+def raw_bounds(plan) -> bool:
+    """Run-time bounds mask raw S as it leaves PSUM (one range_select, which also takes its
+    row max) and the exp then scales it, as for an unmasked tile: NeuronCore-v3+, no
+    softcap, and a scale >= 1e-6 (the FP32_MIN fill times it stays below -3e32: exp 0, and
+    the row max of the scaled scores is the scale times that of S)."""
+    return plan.runtime_bounds == "range_select" and not plan.softcap and plan.scale >= 1e-6
 
 
 def transpose_blocks(dst, src, rows, cols, plan):
@@ -958,12 +968,17 @@ def _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds=None):
     return s_sb
 
 
-def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, bounds=None):
+def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, bounds=None, ext=None):
     """One key tile's scores: (source of its row max and exp, the exp's scale). Tiles
     crossing a window edge are scaled into SBUF and masked there (the scale is then 1);
-    the others stay raw in PSUM with the softmax scale."""
+    the others stay raw in PSUM with the softmax scale. Under :func:`raw_bounds` a tile is
+    masked raw into SBUF by the run-time bounds, its row max into ``ext``."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, q_t, 0, qs, kt, kk0, ks, plan)
+    if bounds is not None and raw_bounds(plan):
+        s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+        mask_bounds(s_sb, qs, ks, k0, bounds[0], bounds[1], plan, MASK_FILL, s_ps, ext)
+        return s_sb, plan.scale
     seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
     if seen == "some" or plan.softcap or bounds is not None:
         return _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds), stored_scale(plan)
@@ -1073,10 +1088,11 @@ def _scores_and_max(r, kt, k0, plan):
     their row max (or min, for a negative scale) on VectorE."""
     s, ks, kk0 = r.s, r.ks, r.kk0
     qs = s.qs
-    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan, s.bounds)
     ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
-    # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
-    nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
+    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan, s.bounds, ext)
+    if s.bounds is None or not raw_bounds(plan):  # (else range_select took the max)
+        # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
+        nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
     r.src, r.act_scale, r.ext = src, act_scale, ext
 
 
@@ -1300,8 +1316,9 @@ def _query_tile(h, q0, plan):
         # chunks, so P^T chunks stay on V's chunks) stay in PSUM; only the chunks an edge
         # crosses (before and after them) are scaled and masked in SBUF.
         seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, bounds)
-        if seen != "some" or plan.softcap or plan.runtime_bounds:  # all kept in SBUF
-            spans.append((k0, ks, bool(plan.softcap) or bool(plan.runtime_bounds)))
+        if seen != "some" or plan.softcap or plan.runtime_bounds:  # one span per key tile
+            masked = bool(plan.softcap) or (bool(plan.runtime_bounds) and not raw_bounds(plan))
+            spans.append((k0, ks, masked))
             continue
         for c0, cs in tiled(k0 + ks, plan.d_tile, k0):
             masked = tile_visibility(q0, qs, c0, cs, plan.sq, plan.sk, bounds) != "all"
@@ -1371,6 +1388,12 @@ def _max_step(q, b, qt, j, kt, plan):
             )
     k0, ks, masked, col = qt.keys[j]
     s_ps = _scores(qt, kt, k0, ks, plan)
+    if not masked and qt.bounds is not None:  # raw_bounds: S masked out of PSUM, kept
+        s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+        ext = qt.ext[0:qs, col : col + 1]
+        mask_bounds(s_sb, qs, ks, k0, qt.bounds[0], qt.bounds[1], plan, MASK_FILL, s_ps, ext)
+        qt.masked[j] = s_sb
+        return
     if not masked:
         nisa.tensor_reduce(
             dst=qt.ext[0:qs, col : col + 1],
@@ -1433,6 +1456,8 @@ def _exp_step(qt, j, kt, q_dtype, plan):
     k0, ks, masked, _ = qt.keys[j]
     if masked:
         src, act_scale = qt.masked[j], stored_scale(plan)
+    elif qt.bounds is not None:  # raw S masked by run-time bounds in the max pass, kept
+        src, act_scale = qt.masked[j], plan.scale
     else:
         src, act_scale = _scores(qt, kt, k0, ks, plan), plan.scale
     p_sb = nl.ndarray((qs, ks), dtype=q_dtype, buffer=nl.sbuf, name="p")
