@@ -246,3 +246,17 @@ def test_value_checks_read_cpu_tensors_only():
     with pytest.raises(LimitError) as err:
         fv.validate_varlen("op", *on_meta[:3], on_meta[3].long(), on_meta[4], 7, 5, False, None)
     assert err.value.arg == "cu_seqlens_q dtype"
+
+
+def test_kv_block_zero_keeps_kv_resident_when_it_fits():
+    """``kv_block=0`` (the default): every key resident and the two-pass softmax where that
+    plan fits one core (8 x 1024 packed, D=128 bf16 on trn2), else 4096-key blocks and the
+    online softmax (64K keys at D=256 fp32), whose plan fits."""
+    target = target_from_name("trn2")
+    problem = {**fv._PROBE, "total_q": 8192, "total_k": 8192, "d": 128, "max_q": 1024}
+    plan = fv.plan_fwd({**problem, "max_k": 1024}, "bfloat16", FWD.config(), target)
+    assert (plan.kv_blocks, plan.softmax) == (1, "two_pass")
+    big = {**problem, "total_q": 256, "total_k": 65536, "d": 256, "same_packing": False}
+    plan = fv.plan_fwd({**big, "max_k": 65536}, "float32", FWD.config(), target)
+    assert (plan.kv_block, plan.softmax) == (fv.RESIDENT_FALLBACK, "online")
+    assert plan.sbuf_bytes <= target.sbuf_usable_bytes
