@@ -43,15 +43,20 @@ def _profile(op, args):
     return report.latency_ns, report, outs
 
 
+def _matmuls(*reports) -> int:
+    return sum(r.launches[0].run.trace.count_by_api().get("nisa.nc_matmul", 0) for r in reports)
+
+
 def _bhsd(h, s, d, causal):
-    """Forward and backward latency (ns) of one BHSD KV group: B=1, Hkv=1, Sq=Sk=s."""
+    """Forward and backward latency (ns) and matmul count of one BHSD KV group: B=1,
+    Hkv=1, Sq=Sk=s."""
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, h, s, d, generator=g).bfloat16()
     k = torch.randn(1, 1, s, d, generator=g).bfloat16()
     v = torch.randn(1, 1, s, d, generator=g).bfloat16()
-    lat_f, _, (out, lse) = _profile(FWD, (q, k, v, causal, None))
-    lat_b, _, _ = _profile(BWD, (torch.zeros_like(q), q, k, v, out, lse, causal, None))
-    return lat_f, lat_b
+    lat_f, fwd, (out, lse) = _profile(FWD, (q, k, v, causal, None))
+    lat_b, bwd, _ = _profile(BWD, (torch.zeros_like(q), q, k, v, out, lse, causal, None))
+    return lat_f, lat_b, _matmuls(fwd, bwd)
 
 
 def _varlen(h, lengths, d):
@@ -69,10 +74,7 @@ def _varlen(h, lengths, d):
     lat_f, fwd, (out, lse) = _profile(VFWD, (q, k, v, cu, cu, m, m, True, None))
     args = (torch.zeros_like(q), q, k, v, out, lse, cu, cu, m, m, True, None)
     lat_b, bwd, _ = _profile(VBWD, args)
-    matmuls = sum(
-        r.launches[0].run.trace.count_by_api().get("nisa.nc_matmul", 0) for r in (fwd, bwd)
-    )
-    return lat_f, lat_b, matmuls
+    return lat_f, lat_b, _matmuls(fwd, bwd)
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -106,13 +108,14 @@ def main(argv=None) -> None:
         f"causal, total {total} (modeled; one KV group of {group} query heads traced, x{hkv})"
     )
     t0 = time.perf_counter()
-    full_f, full_b = _bhsd(group, total, d, True)
+    full_f, full_b, full_mm = _bhsd(group, total, d, True)
     full = (full_f + full_b) * hkv
     print(
         f"  full causal S={total}: forward {full_f * hkv / 1e3:9.1f} us  backward "
-        f"{full_b * hkv / 1e3:9.1f} us  fwd+bwd {full / 1e3:9.1f} us"
+        f"{full_b * hkv / 1e3:9.1f} us  fwd+bwd {full / 1e3:9.1f} us  "
+        f"[{full_mm} matmuls traced per group]"
     )
-    separate_cache: dict[int, float] = {}
+    separate_cache: dict[int, tuple[float, int]] = {}
     for lengths in packings:
         var_f, var_b, matmuls = _varlen(group, lengths, d)
         packed = (var_f + var_b) * hkv
@@ -126,15 +129,17 @@ def main(argv=None) -> None:
         )
         if args.skip_separate:
             continue
-        separate = 0.0
+        separate, separate_mm = 0.0, 0
         for n in lengths:
             if n and n not in separate_cache:
-                f, b = _bhsd(group, n, d, True)
-                separate_cache[n] = (f + b) * hkv
-            separate += separate_cache.get(n, 0.0)
+                f, b, mm = _bhsd(group, n, d, True)
+                separate_cache[n] = ((f + b) * hkv, mm)
+            separate += separate_cache.get(n, (0.0, 0))[0]
+            separate_mm += separate_cache.get(n, (0.0, 0))[1]
         print(
             f"    sum of the {len(lengths)} sequences run separately (BHSD, causal): "
-            f"{separate / 1e3:9.1f} us; packed / separate = {packed / separate:.3f}"
+            f"{separate / 1e3:9.1f} us [{separate_mm} matmuls per group]; "
+            f"packed / separate = {packed / separate:.3f}"
         )
     print(f"  (trace + model wall time {time.perf_counter() - t0:.0f} s)")
 

@@ -775,10 +775,10 @@ def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill, src=None, reduce_res=
     """Set the fp32 SBUF score tile ``tile [n_q, n_k]`` (query row ``p`` of query tile
     ``t``, key ``k0 + f`` in column ``f``) to ``src`` (PSUM or SBUF; default ``tile``, in
     place) where the key is within the row's run-time bounds ``[lo, hi)``
-    (:func:`load_bounds`), else to a fill. "range_select" (VectorE,
-    NeuronCore-v3+; isa range_select: ``lo <= k0 + f < hi`` compared in fp32, exact below
-    2^24) fills with FP32_MIN, whatever ``fill`` is, and with ``reduce_res`` ([n_q, 1]
-    fp32) also writes the row max of the result there, in the same pass. "iota" (v2): key positions by GpSimd
+    (:func:`load_bounds`), else to a fill. "range_select" (VectorE, NeuronCore-v3+; isa
+    range_select: ``lo <= k0 + f < hi`` compared in fp32, exact below 2^24) fills with
+    FP32_MIN, whatever ``fill`` is, and with ``reduce_res`` ([n_q, 1] fp32) also writes the
+    row max of the result there, in the same pass. "iota" (v2): key positions by GpSimd
     iota, ``c = (k >= lo) * -fill`` then ``c = (k < hi) * c`` (VectorE, ALU compares give
     1.0 or 0.0), then ``tile = (c + fill) + src``: ``src`` exactly where visible
     (``-fill + fill = 0``), ``fill + src`` (``fill`` to within ``|src|``) elsewhere."""

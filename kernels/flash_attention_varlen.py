@@ -33,10 +33,17 @@ Trace-time skipping: when ``cu_seqlens_q is cu_seqlens_k`` (self-attention packi
 identity check, no sync) a query ``i`` sees only keys within ``(i - m, i + m)``, ``m`` the
 smaller max_seqlen, causal ``(i - m, i]``: the kernels run under that band as a sliding
 window (the BHSD op's ``key_bounds``/``tile_visibility``), so tiles outside it issue
-nothing. Other packings trace every tile (masked at run time). NKI 0.6's run-time control
-flow (``nl.fori_loop``/``nl.while_loop`` over registers loaded from tensors) could skip
-the tiles the run-time bounds exclude as well; the kernels do not use it (see
-:func:`run_time_skip_note`).
+nothing. Other packings trace every tile (masked at run time).
+
+Run-time skipping is not done: NKI 0.6's run-time loops (``nl.fori_loop`` /
+``nl.while_loop`` with trip counts in registers loaded from tensors, ``nisa.register_load``;
+the interpreter runs them) could bound each query tile's key loop by its rows'
+``[min lo, max hi)``, so a packing would issue only the tiles its sequences span (about the
+cost of running them one by one: 8 x 1024 causal at 8192 issues 7808 matmuls per KV group
+that way against the band's 13680, ``benchmarks/flash_attention_varlen.py``). But the kernels' software
+pipelines are unrolled over a trace-time list of (query tile, key tile) steps, each
+engine's queue interleaving several steps; a run-time loop (one key tile per iteration,
+its state in SBUF, nothing allocated in the body used after it) would drop that overlap.
 
 Validation: shapes, dtypes, devices and argument types are checked on every device before
 any work. The values of ``cu_seqlens_*`` (0 first, non-decreasing, last = total) and
@@ -256,18 +263,6 @@ def plan_bwd(problem: dict, dtype: str, config, target: Target, lnc: int = 1):
     """The BHSD backward's plan for the packed batch (:func:`bhsd_problem`)."""
     _check_total_k(BWD_OP, problem)
     return fab.plan(bhsd_problem(problem), dtype, config.bhsd(), target, lnc)
-
-
-def run_time_skip_note() -> str:
-    """What NKI 0.6's run-time control flow would add (not used by the kernels)."""
-    return (
-        "nl.fori_loop / nl.while_loop run loops whose trip count is a register loaded from "
-        "a tensor (nisa.register_load); a per-query-tile key range [min lo, max hi) loaded "
-        "that way could bound the key-tile loop at run time, so a packing issues only the "
-        "tiles its sequences span (~sum of Lq * Lk instead of the band's total * max). The "
-        "kernels' software pipelines are unrolled over a trace-time list of tiles, which a "
-        "run-time trip count cannot drive, so this stays a note."
-    )
 
 
 # -- validation --------------------------------------------------------------------------
