@@ -127,6 +127,13 @@ class FlashAttentionVarlenConfig(TunableConfig):
     )
     q_group: int = _bhsd_tunable(fa.FlashAttentionConfig, "q_group", (1, 2, 4))
     softmax: str = _bhsd_tunable(fa.FlashAttentionConfig, "softmax", ("two_pass", "online"))
+    p_dma_tiles: int = tunable(
+        1,
+        (1, 3),
+        "modeled: 8 x 1024 causal packed to 8192, H4 Hkv1 D128 bf16, LNC=1: 572 us vs 656 us "
+        "with 3 (the BHSD default: DMA-bound here, the band's tiles leave TensorE idle) and "
+        "592 us with 0",
+    )
 
     def bhsd(self, kv_block: int | None = None) -> fa.FlashAttentionConfig:
         """The BHSD forward's config with these fields (``kv_block`` instead of 0, which
