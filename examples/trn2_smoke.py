@@ -16,10 +16,11 @@ Checks:
         a Trn2 logical core, each taking its share by ``nl.program_id``) on the op's probe
         problem, against its float64 reference, held to the op's tolerance. Skipped (one
         line) where the target or ``NEURON_LOGICAL_NC_CONFIG`` does not launch at LNC=2.
-    flash_attention, rms_norm, matmul, FusedAdamW: the op on the ``neuron`` device, eagerly
-        and under ``torch.compile(backend="neuron", fullgraph=True)`` (the optimizer step
-        compiled as a function), against the same computation in plain torch on CPU in
-        float64, held to the op's declared tolerance for the dtype. Without torch-neuronx
+    flash_attention, flash_attention_varlen, rms_norm, matmul, FusedAdamW: the op on the
+        ``neuron`` device, eagerly and under ``torch.compile(backend="neuron",
+        fullgraph=True)`` (the optimizer step compiled as a function), against the same
+        computation in plain torch on CPU in float64, held to the op's declared tolerance
+        for the dtype. Without torch-neuronx
         these run on CPU tensors, the kernels on the NKI interpreter, with ``aot_eager``.
     flash_attention window / softcap / sinks: one line each, the op eagerly with a causal
         sliding window (64, 0), a logit softcap of 30, or per-head attention sinks, its
@@ -49,6 +50,19 @@ from neuron_kernels.torch_ops.optim import FusedAdamW
 # Small problems: quick on the interpreter, still several tiles and the GQA/causal paths.
 PROBLEMS = {
     "flash_attention": {"b": 1, "h": 2, "hkv": 1, "sq": 256, "sk": 256, "d": 64, "causal": True},
+    # 3 causal sequences packed to 300 rows (one cu_seqlens tensor: the band is skipped)
+    "flash_attention_varlen": {
+        "n": 3,
+        "total_q": 300,
+        "total_k": 300,
+        "h": 2,
+        "hkv": 1,
+        "d": 64,
+        "max_q": 160,
+        "max_k": 160,
+        "causal": True,
+        "same_packing": True,
+    },
     "rms_norm": {"rows": 256, "h": 512},
     "matmul": {"m": 256, "k": 512, "n": 512},
 }
@@ -217,6 +231,11 @@ def _op_checks(dtype: str) -> bool:
     ops = {
         "flash_attention": lambda q, k, v, causal, scale, *_: torch.ops.neuron.flash_attention(
             q, k, v, causal=causal, softmax_scale=scale
+        ),
+        "flash_attention_varlen": lambda q, k, v, cu_q, cu_k, mq, mk, causal, scale: (
+            torch.ops.neuron.flash_attention_varlen(
+                q, k, v, cu_q, cu_k, mq, mk, causal=causal, softmax_scale=scale
+            )
         ),
         "rms_norm": lambda x, w, eps, offset, mode: torch.ops.neuron.rms_norm(
             x, w, eps, offset, mode

@@ -101,14 +101,18 @@ __all__ = [
     "FlashAttentionConfig",
     "FlashAttentionPlan",
     "attention_reference",
+    "bounds_bytes",
     "causal_visible",
     "dead_rows",
     "flash_attention_fwd_kernel",
     "key_bounds",
+    "load_bounds",
+    "mask_bounds",
     "mask_window",
     "matmul_over_d",
     "plan",
     "resolve_scale",
+    "runtime_bounds_mode",
     "tile_visibility",
     "transpose_blocks",
     "validate_attention",
@@ -523,6 +527,13 @@ class FlashAttentionPlan(nl.NKIObject):
     core_groups: tuple  # per core, its work: ((b, kv head, ((head, q0), ...)), ...)
     sbuf_bytes: int
     psum_banks: int
+    # Packed rows (varlen): q, k, v and out are [B, S, heads, D] in HBM, read and written
+    # through BHSD views (a row stride of heads * D), never copied.
+    packed: bool = False
+    # Run-time key bounds (varlen): "" none; else each query row's visible keys [lo, hi)
+    # are kernel data (:func:`load_bounds`) and every score tile is masked with them
+    # (:func:`mask_bounds`): "range_select" (NeuronCore-v3+) or "iota" (v2).
+    runtime_bounds: str = ""
 
 
 def split_groups(b, hkv, group, tiles, costs, lnc):
@@ -602,6 +613,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     left, right = window_bounds(causal, window)
     softcap = float(problem.get("softcap", 0.0))
     scale = resolve_scale(problem.get("scale"), d)
+    bounded = runtime_bounds_mode(problem, target)
     if config.load_transpose == "dma":
         target.check_dma_transpose(OP, "config load_transpose", dtype, ITEMSIZE[dtype])
     if config.k_tile > target.psum_bank_fmax or config.k_tile > target.gemm_moving_fmax:
@@ -666,7 +678,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
             d_tiles,
             q_tile,
             item,
-            left >= 0 or right >= 0 or softcap > 0,
+            left >= 0 or right >= 0 or softcap > 0 or bool(bounded),
             config,
             kv_chunks,
             lags,
@@ -708,9 +720,28 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         core_groups=split_groups(
             b, hkv, h // hkv, *query_tiles(h // hkv, sq, sk, q_tile, causal, window), lnc
         ),
-        sbuf_bytes=sbuf,
+        sbuf_bytes=sbuf + bounds_bytes(bounded, sq, q_tile),
         psum_banks=banks,
+        packed=bool(problem.get("packed", False)),
+        runtime_bounds=bounded,
     )
+
+
+def runtime_bounds_mode(problem: dict, target: Target) -> str:
+    """The plan's ``runtime_bounds``: "" unless ``problem["runtime_bounds"]``; then
+    "range_select" where the target has it (NeuronCore-v3+), else "iota"."""
+    if not problem.get("runtime_bounds"):
+        return ""
+    return "range_select" if target.has_range_select else "iota"
+
+
+def bounds_bytes(mode: str, sq: int, q_tile: int) -> int:
+    """SBUF bytes per partition of the run-time bounds (:func:`load_bounds`): two fp32
+    columns per query tile; the "iota" masks add one key-position and two fp32 mask rows
+    of at most one PSUM bank (512 keys)."""
+    if not mode:
+        return 0
+    return ceil_div(sq, q_tile) * 2 * 4 + (3 * 512 * 4 if mode == "iota" else 0)
 
 
 # -- kernel helpers the forward and the backward share -----------------------------------
@@ -762,6 +793,66 @@ def mask_window(tile, n_q, n_k, q0, k0, plan, fill):
             cmp_op=nl.greater_equal,
             offset=k0 - q0 - off + plan.left,
         )
+
+
+def load_bounds(kv_bounds, plan):
+    """The run-time key bounds in SBUF: ``kv_bounds [q_tile, query tiles, 2]`` fp32 (HBM;
+    row ``p`` of query tile ``t`` is query ``t * q_tile + p``; its visible keys are
+    ``[lo, hi) = kv_bounds[p, t, 0:2]``), one DMA per kernel, or None without bounds."""
+    if kv_bounds is None:
+        return None
+    rows, tiles = kv_bounds.shape[0], kv_bounds.shape[1]
+    sb = nl.ndarray((rows, tiles, 2), dtype=nl.float32, buffer=nl.sbuf, name="kv_bounds")
+    nisa.dma_copy(dst=sb, src=kv_bounds)
+    return sb
+
+
+def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill, src=None, reduce_res=None):
+    """Set the fp32 SBUF score tile ``tile [n_q, n_k]`` (query row ``p`` of query tile
+    ``t``, key ``k0 + f`` in column ``f``) to ``src`` (PSUM or SBUF; default ``tile``, in
+    place) where the key is within the row's run-time bounds ``[lo, hi)``
+    (:func:`load_bounds`), else to a fill. "range_select" (VectorE, NeuronCore-v3+; isa
+    range_select: ``lo <= k0 + f < hi`` compared in fp32, exact below 2^24) fills with
+    FP32_MIN, whatever ``fill`` is, and with ``reduce_res`` ([n_q, 1] fp32) also writes the
+    row max of the result there, in the same pass. "iota" (v2): key positions by GpSimd
+    iota, ``c = (k >= lo) * -fill`` then ``c = (k < hi) * c`` (VectorE, ALU compares give
+    1.0 or 0.0), then ``tile = (c + fill) + src``: ``src`` exactly where visible
+    (``-fill + fill = 0``), ``fill + src`` (``fill`` to within ``|src|``) elsewhere."""
+    lo, hi = bounds[0:n_q, t, 0:1], bounds[0:n_q, t, 1:2]
+    src = tile if src is None else src
+    if plan.runtime_bounds == "range_select":
+        nisa.range_select(
+            dst=tile,
+            on_true_tile=src,
+            comp_op0=nl.greater_equal,
+            comp_op1=nl.less,
+            bound0=lo,
+            bound1=hi,
+            reduce_cmd=nisa.reduce_cmd.idle if reduce_res is None else nisa.reduce_cmd.reset_reduce,
+            reduce_res=reduce_res,
+            range_start=k0,
+        )
+        return
+    keys = nl.ndarray((n_q, n_k), dtype=nl.float32, buffer=nl.sbuf, name="key_pos")
+    nisa.iota(dst=keys, pattern=[[1, n_k]], offset=k0, channel_multiplier=0)
+    keep = nl.ndarray((n_q, n_k), dtype=nl.float32, buffer=nl.sbuf, name="key_keep")
+    nisa.tensor_scalar(
+        dst=keep, data=keys, op0=nl.greater_equal, operand0=lo, op1=nl.multiply, operand1=-fill
+    )
+    nisa.scalar_tensor_tensor(
+        dst=keep, data=keys, op0=nl.less, operand0=hi, op1=nl.multiply, operand1=keep
+    )
+    nisa.scalar_tensor_tensor(
+        dst=tile, data=keep, op0=nl.add, operand0=fill, op1=nl.add, operand1=src
+    )
+
+
+def raw_bounds(plan) -> bool:
+    """Run-time bounds mask raw S as it leaves PSUM (one range_select, which also takes its
+    row max) and the exp then scales it, as for an unmasked tile: NeuronCore-v3+, no
+    softcap, and a scale >= 1e-6 (the FP32_MIN fill times it stays below -3e32: exp 0, and
+    the row max of the scaled scores is the scale times that of S)."""
+    return plan.runtime_bounds == "range_select" and not plan.softcap and plan.scale >= 1e-6
 
 
 def transpose_blocks(dst, src, rows, cols, plan):
@@ -893,31 +984,40 @@ def masked_fill(plan) -> float:
     return min(-2.0, MASK_FILL / plan.softcap) if plan.softcap else MASK_FILL
 
 
-def _stored_scores(s_ps, qs, ks, q0, k0, plan):
+def _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds=None):
     """A score tile kept in SBUF: ``scale * S`` copied out of PSUM (VectorE), or with a
     softcap ``t = tanh(scale * S / softcap)`` (ScalarE's tanh, reading PSUM; the exp then
     takes ``softcap * t``); masked there with :func:`masked_fill` where a window edge
     crosses it (GpSimd cannot read PSUM). The source of its row max and of its exp, at
-    the exp scale :func:`stored_scale`. Both softmaxes keep scores this way."""
+    the exp scale :func:`stored_scale`. Both softmaxes keep scores this way. With run-time
+    bounds (``bounds = (SBUF bounds, query tile)``) every tile is masked by them instead
+    (:func:`mask_bounds`)."""
     s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
     if plan.softcap:
         nisa.activation(dst=s_sb, op=nl.tanh, data=s_ps, scale=plan.scale / plan.softcap)
     else:
         nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
-    if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
+    if bounds is not None:
+        mask_bounds(s_sb, qs, ks, k0, bounds[0], bounds[1], plan, masked_fill(plan))
+    elif tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
         mask_window(s_sb, qs, ks, q0, k0, plan, masked_fill(plan))
     return s_sb
 
 
-def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
+def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, bounds=None, ext=None):
     """One key tile's scores: (source of its row max and exp, the exp's scale). Tiles
     crossing a window edge are scaled into SBUF and masked there (the scale is then 1);
-    the others stay raw in PSUM with the softmax scale."""
+    the others stay raw in PSUM with the softmax scale. Under :func:`raw_bounds` a tile is
+    masked raw into SBUF by the run-time bounds, its row max into ``ext``."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, q_t, 0, qs, kt, kk0, ks, plan)
+    if bounds is not None and raw_bounds(plan):
+        s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+        mask_bounds(s_sb, qs, ks, k0, bounds[0], bounds[1], plan, MASK_FILL, s_ps, ext)
+        return s_sb, plan.scale
     seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
-    if seen == "some" or plan.softcap:
-        return _stored_scores(s_ps, qs, ks, q0, k0, plan), stored_scale(plan)
+    if seen == "some" or plan.softcap or bounds is not None:
+        return _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds), stored_scale(plan)
     return s_ps, plan.scale
 
 
@@ -937,6 +1037,7 @@ class OnlineTile(nl.NKIObject):
     row_sum: object  # [qs, 1] fp32 running sum of P, rescaled as the max grows
     o_acc: object  # [qs, D] fp32 running P V, rescaled as the max grows
     sink: object  # [qs, 1] fp32 the head's sink logit on every row, None without sinks
+    bounds: object = None  # run-time bounds: (SBUF bounds, this query tile's index), or None
 
 
 @dataclass
@@ -1037,10 +1138,11 @@ def _scores_and_max(r, kt, k0, plan):
     their row max (or min, for a negative scale) on VectorE."""
     s, ks, kk0 = r.s, r.ks, r.kk0
     qs = s.qs
-    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan)
     ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
-    # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
-    nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
+    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan, s.bounds, ext)
+    if s.bounds is None or not raw_bounds(plan):  # (else range_select took the max)
+        # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
+        nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
     r.src, r.act_scale, r.ext = src, act_scale, ext
 
 
@@ -1235,7 +1337,7 @@ def _drain(pending, out, lse, b, q_dtype, plan):
         _close_query_tile(s, out, lse, b, plan)
 
 
-def _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan):
+def _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan, bounds=None):
     """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
     ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
     key tiles and across groups: the next key tile's scores and max (the next group's
@@ -1248,6 +1350,8 @@ def _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan
             qs = min(plan.q_tile, plan.sq - q0)
             sink = _load_sink(sinks, h, qs, sink_cols)
             states.append(_open_query_tile(q, sink, b, h, q0, plan))
+            if bounds is not None:
+                states[-1].bounds = (bounds, q0 // plan.q_tile)
         last = None
         kt = vb = None
         if kv is not None:
@@ -1294,6 +1398,7 @@ class QueryTile(nl.NKIObject):
     p_t: list  # per key tile: ((P^T tile, chunk in it, keys, V chunk), ...) in SBUF
     o_ps: object  # [qs, D] fp32 PSUM: P V summed over every key the tile sees
     sink: object  # [qs, 1] fp32 the head's sink logit on every row, None without sinks
+    bounds: object = None  # run-time bounds: (SBUF bounds, this query tile's index), or None
 
 
 def _query_tile(h, q0, plan):
@@ -1311,8 +1416,9 @@ def _query_tile(h, q0, plan):
         # chunks, so P^T chunks stay on V's chunks) stay in PSUM; only the chunks an edge
         # crosses (before and after them) are scaled and masked in SBUF.
         seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, bounds)
-        if seen != "some" or plan.softcap:  # softcap: every tile's tanh is kept in SBUF
-            spans.append((k0, ks, bool(plan.softcap)))
+        if seen != "some" or plan.softcap or plan.runtime_bounds:  # one span per key tile
+            masked = bool(plan.softcap) or (bool(plan.runtime_bounds) and not raw_bounds(plan))
+            spans.append((k0, ks, masked))
             continue
         for c0, cs in tiled(k0 + ks, plan.d_tile, k0):
             masked = tile_visibility(q0, qs, c0, cs, plan.sq, plan.sk, bounds) != "all"
@@ -1383,6 +1489,12 @@ def _max_step(q, b, qt, j, kt, plan):
             )
     k0, ks, masked, col = qt.keys[j]
     s_ps = _scores(qt, kt, k0, ks, plan)
+    if not masked and qt.bounds is not None:  # raw_bounds: S masked out of PSUM, kept
+        s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+        ext = qt.ext[0:qs, col : col + 1]
+        mask_bounds(s_sb, qs, ks, k0, qt.bounds[0], qt.bounds[1], plan, MASK_FILL, s_ps, ext)
+        qt.masked[j] = s_sb
+        return
     if not masked:
         nisa.tensor_reduce(
             dst=qt.ext[0:qs, col : col + 1],
@@ -1391,7 +1503,7 @@ def _max_step(q, b, qt, j, kt, plan):
             axis=1,
         )
         return
-    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan)
+    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan, qt.bounds)
     nisa.tensor_reduce(dst=qt.ext_masked[0:qs, col : col + 1], op=nl.max, data=s_sb, axis=1)
     qt.masked[j] = s_sb
 
@@ -1456,6 +1568,8 @@ def _exp_step(qt, j, kt, q_dtype, plan):
     k0, ks, masked, _ = qt.keys[j]
     if masked:
         src, act_scale = qt.masked[j], stored_scale(plan)
+    elif qt.bounds is not None:  # raw S masked by run-time bounds in the max pass, kept
+        src, act_scale = qt.masked[j], plan.scale
     else:
         src, act_scale = _scores(qt, kt, k0, ks, plan), plan.scale
     p_sb = nl.ndarray((qs, ks), dtype=q_dtype, buffer=nl.sbuf, name="p")
@@ -1561,7 +1675,7 @@ def _close_two_pass(qt, out, lse, b, plan):
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
-def _two_pass_kv_head(q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan):
+def _two_pass_kv_head(q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan, bounds=None):
     """Every (head, q0) query tile of one KV head in two passes over its keys, software-
     pipelined over the flat list of (query tile, key tile) steps: at step ``i`` the max
     pass runs ``plan.lead`` steps ahead (so a tile's max is known before its exps), the exp
@@ -1573,6 +1687,8 @@ def _two_pass_kv_head(q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan):
     for h, q0 in tiles:
         qt = _query_tile(h, q0, plan)
         qt.sink = _load_sink(sinks, h, qt.qs, sink_cols)
+        if bounds is not None:
+            qt.bounds = (bounds, q0 // plan.q_tile)
         if not qt.keys:  # no key is visible to any row of the tile
             _close_two_pass(qt, out, lse, b, plan)
             continue
@@ -1619,7 +1735,7 @@ def _two_pass_kv_head(q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan):
 
 
 @nki.jit
-def flash_attention_fwd_kernel(q, k, v, sinks, plan):
+def flash_attention_fwd_kernel(q, k, v, sinks, plan, kv_bounds=None):
     """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
     for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM; ``sinks`` is None or each
     head's sink logit broadcast to ``[H, 128, 1]`` fp32 (one value per partition row).
@@ -1628,7 +1744,13 @@ def flash_attention_fwd_kernel(q, k, v, sinks, plan):
     Launched as ``flash_attention_fwd_kernel[plan.lnc]``: each physical core runs its share
     ``plan.core_groups[nl.program_id(0)]`` of (batch, KV head) groups and query tiles and
     writes only those rows of out and lse.
+
+    ``plan.packed``: q ``[B, Sq, H, D]``, k and v ``[B, Sk, Hkv, D]`` and out in that
+    layout (read and written through BHSD views). ``kv_bounds`` (``plan.runtime_bounds``):
+    each query row's visible keys, :func:`load_bounds`.
     """
+    if plan.packed:
+        q, k, v = q.permute((0, 2, 1, 3)), k.permute((0, 2, 1, 3)), v.permute((0, 2, 1, 3))
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     assert (B, H, Hkv, Sq, Sk, D) == (plan.b, plan.h, plan.hkv, plan.sq, plan.sk, plan.d), (
@@ -1637,17 +1759,23 @@ def flash_attention_fwd_kernel(q, k, v, sinks, plan):
     assert nl.num_programs(0) == plan.lnc, (
         "flash_attention: launch flash_attention_fwd_kernel[plan.lnc]"
     )
-    out = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="out")
+    out_shape = (B, Sq, H, D) if plan.packed else (B, H, Sq, D)
+    out_hbm = nl.ndarray(out_shape, dtype=q.dtype, buffer=nl.shared_hbm, name="out")
+    out = out_hbm.permute((0, 2, 1, 3)) if plan.packed else out_hbm
     lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="lse")
     sink_cols = [None] * H  # per head: its sink column, loaded once (sinks only)
+    assert (kv_bounds is None) == (not plan.runtime_bounds), (
+        "flash_attention: kv_bounds and plan.runtime_bounds go together"
+    )
+    bounds = load_bounds(kv_bounds, plan)
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
         if plan.softmax == "two_pass":
-            _two_pass_kv_head(q, sinks, sink_cols, out, lse, kv[0], kv[1], b, tiles, plan)
+            _two_pass_kv_head(q, sinks, sink_cols, out, lse, kv[0], kv[1], b, tiles, plan, bounds)
         else:
-            _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan)
-    return out, lse
+            _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan, bounds)
+    return out_hbm, lse
 
 
 # -- op-level glue: problem, launch, inputs ---------------------------------------------------

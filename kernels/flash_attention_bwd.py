@@ -62,14 +62,19 @@ from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
+    MASK_FILL,
     attention_reference,
+    bounds_bytes,
     dead_rows,
     draw_features,
     feature_suffix,
     key_bounds,
+    load_bounds,
+    mask_bounds,
     mask_window,
     matmul_over_d,
     resolve_scale,
+    runtime_bounds_mode,
     tile_visibility,
     transpose_blocks,
     validate_attention,
@@ -220,6 +225,8 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     split_groups: int  # groups whose query passes are split over the cores (dK/dV partials)
     sbuf_bytes: int
     psum_banks: int
+    packed: bool = False  # dout, q, k, v, out and the gradients in [B, S, heads, D] rows
+    runtime_bounds: str = ""  # run-time key bounds per query row (the forward's plan field)
 
 
 def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Target, lnc: int = 1):
@@ -287,6 +294,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         while tanh_blocks > 0 and sbuf + tanh_blocks * block_tiles > target.sbuf_usable_bytes:
             tanh_blocks -= 1
         sbuf += tanh_blocks * block_tiles if tanh_blocks else keys * 4
+    bounded = runtime_bounds_mode(problem, target)
+    if bounded:  # the bounds, and each pair's scaled scores masked in SBUF before the exp
+        sbuf += bounds_bytes(bounded, sq, tq) + (lag + 1) * keys * 4
 
     # PSUM: S and dP (one bank, side by side); dQ's sum; dK's and dV's sums (a block's, or
     # one pair's partials); the dS^T of a PE transpose; one bank for the PE transposes of
@@ -326,6 +336,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         split_groups=(b * hkv) % lnc if lnc > 1 else 0,
         sbuf_bytes=sbuf,
         psum_banks=banks,
+        packed=bool(problem.get("packed", False)),
+        runtime_bounds=bounded,
     )
 
 
@@ -390,6 +402,7 @@ class QueryPass(nl.NKIObject):
     sink: object  # [tq, 1] fp32 the head's sink on every row, None without sinks
     dsink_dst: list  # per live tile: its rows of the dsinks contributions in HBM
     n_dead: list  # per live tile: its leading rows that see no key
+    bounds: object = None  # run-time bounds: (SBUF bounds, the pass's first tile), or None
 
 
 @dataclass
@@ -520,6 +533,16 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None):
         s = s_dp[:, 0, :]
         matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
         src, exp_scale = s[0:n_q, 0:n_k], scale
+        if qs.bounds is not None:  # run-time bounds (no softcap): S masked in SBUF first
+            bounded = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="s_bounded")
+            at, sb = qs.bounds[1] + t, bounded[0:n_q, 0:n_k]
+            if scale >= 1e-6:  # straight out of PSUM: scale * fill stays below -1e24, exp 0
+                mask_bounds(sb, n_q, n_k, pair.k0, qs.bounds[0], at, plan, MASK_FILL, src)
+                src = sb
+            else:  # scale * S first, so a negative (or tiny) scale cannot lift the fill
+                nisa.tensor_scalar(dst=sb, data=src, op0=nl.multiply, operand0=scale)
+                mask_bounds(sb, n_q, n_k, pair.k0, qs.bounds[0], at, plan, MASK_FILL)
+                src, exp_scale = sb, 1.0
     nisa.activation(
         dst=p[0:n_q, 0:n_k],
         op=nl.exp,
@@ -527,7 +550,7 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None):
         bias=qs.neg_lse[0:n_q, t : t + 1],
         scale=exp_scale,
     )
-    if pair.seen == "some":
+    if pair.seen == "some" and qs.bounds is None:
         mask_window(p[0:n_q, 0:n_k], n_q, n_k, pair.q0, pair.k0, plan, 0.0)
     dp = s_dp[:, 1, :]
     matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, 0, n_k, plan)
@@ -568,8 +591,15 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None):
         # ScalarE: dP - D out of PSUM; VectorE: one SBUF x SBUF multiply by P.
         dp_d = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="dp_minus_d")
         nisa.activation(dst=dp_d[0:n_q, 0:n_k], op=nl.copy, data=dp[0:n_q, 0:n_k], bias=neg_d)
+        # Run-time bounds: VectorE masks S before the exp, so the multiply goes to GpSimd and
+        # VectorE's in-order queue never waits on this pair's exp (modeled varlen, 4 x 512
+        # causal, H4 D128 bf16: 260 us vs 411 us with the multiply on VectorE).
         nisa.tensor_tensor(
-            dst=ds[0:n_q, 0:n_k], data1=dp_d[0:n_q, 0:n_k], data2=p[0:n_q, 0:n_k], op=nl.multiply
+            dst=ds[0:n_q, 0:n_k],
+            data1=dp_d[0:n_q, 0:n_k],
+            data2=p[0:n_q, 0:n_k],
+            op=nl.multiply,
+            engine=nisa.engine.gpsimd if qs.bounds is not None else nisa.engine.unknown,
         )
     else:
         nisa.scalar_tensor_tensor(
@@ -670,7 +700,7 @@ def _q_grads(st, kv, pair, first, last, sums, dq_dst, scale, plan):
     sums.started[t] = True
 
 
-def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan):
+def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan, bounds=None):
     """Phase 1 of a query pass ``(h, p0, n_tiles)``: allocate its SBUF tiles and start every
     DMA (Q, dO and O rows, lse; the head's sink) of the tiles some key reaches; their dQ is
     zero otherwise (and so is their dsinks contribution, stored here)."""
@@ -692,6 +722,7 @@ def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan):
         sink=None,
         dsink_dst=[],
         n_dead=[],
+        bounds=None if bounds is None else (bounds, p0),
     )
     if sinks is not None:
         qs.sink = nl.ndarray((tq, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink")
@@ -849,7 +880,7 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
 
 
 @nki.jit
-def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
+def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan, kv_bounds=None):
     """``(dq, dk, dv)`` for attention in BHSD layout (HBM): ``dout, q, out [B, H, Sq, D]``,
     ``k, v [B, Hkv, Sk, D]``, ``lse [B, H, Sq]`` fp32; ``scale`` is the softmax scale
     (a compile-time float) and ``plan`` the :class:`FlashAttentionBwdPlan` for these shapes.
@@ -863,7 +894,19 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
     has each core write its dq rows and its fp32 dK/dV partial sums (scaled) to its own
     slot of the extra outputs ``dk_part, dv_part [lnc, split groups, Sk, D]``, returned
     after dq, dk and dv; the op adds the slots in core order.
+
+    ``plan.packed``: dout, q, out, dq ``[B, Sq, H, D]`` and k, v, dk, dv ``[B, Sk, Hkv, D]``
+    (read and written through BHSD views). ``kv_bounds`` (``plan.runtime_bounds``): each
+    query row's visible keys, as the forward's; a row that sees none must come with a
+    finite ``lse`` (its P is then 0).
     """
+    if plan.packed:
+        dout, q, out = (
+            dout.permute((0, 2, 1, 3)),
+            q.permute((0, 2, 1, 3)),
+            out.permute((0, 2, 1, 3)),
+        )
+        k, v = k.permute((0, 2, 1, 3)), v.permute((0, 2, 1, 3))
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     assert (B, Hkv, H // Hkv, Sq, Sk, D) == (
@@ -875,9 +918,20 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
         plan.d,
     ), "flash_attention_bwd: the plan was made for other shapes"
     assert nl.num_programs(0) == plan.lnc, "flash_attention_bwd: launch it [plan.lnc]"
-    dq = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="dq")
-    dk = nl.ndarray((B, Hkv, Sk, D), dtype=k.dtype, buffer=nl.shared_hbm, name="dk")
-    dv = nl.ndarray((B, Hkv, Sk, D), dtype=v.dtype, buffer=nl.shared_hbm, name="dv")
+    q_shape, k_shape = (B, H, Sq, D), (B, Hkv, Sk, D)
+    if plan.packed:
+        q_shape, k_shape = (B, Sq, H, D), (B, Sk, Hkv, D)
+    dq_hbm = nl.ndarray(q_shape, dtype=q.dtype, buffer=nl.shared_hbm, name="dq")
+    dk_hbm = nl.ndarray(k_shape, dtype=k.dtype, buffer=nl.shared_hbm, name="dk")
+    dv_hbm = nl.ndarray(k_shape, dtype=v.dtype, buffer=nl.shared_hbm, name="dv")
+    dq, dk, dv = dq_hbm, dk_hbm, dv_hbm
+    if plan.packed:
+        bhsd = (0, 2, 1, 3)
+        dq, dk, dv = dq_hbm.permute(bhsd), dk_hbm.permute(bhsd), dv_hbm.permute(bhsd)
+    assert (kv_bounds is None) == (not plan.runtime_bounds), (
+        "flash_attention_bwd: kv_bounds and plan.runtime_bounds go together"
+    )
+    bounds = load_bounds(kv_bounds, plan)
     core = nl.program_id(0)
     parts = (plan.lnc, plan.split_groups, Sk, D)
     if plan.split_groups:
@@ -926,7 +980,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
         for ps in passes:
             pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
         kb = plan.kv_block
-        qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[0], plan)
+        qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[0], plan, bounds)
         _query_pass_prepare(qs_next, plan, psum_dtype)
         kv_next = kv_all
         if kv_outer:
@@ -944,7 +998,9 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
             has_next = i + 1 < len(passes)
             next_block = -1
             if has_next:
-                qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[i + 1], plan)
+                qs_next = _query_pass_dma(
+                    dout, q, out, lse, sinks, dsink, b, passes[i + 1], plan, bounds
+                )
                 if kv_outer and len(pass_pairs[i + 1]) > 0:
                     next_block = pass_pairs[i + 1][0].j // kb
             if kv_outer and n_kt <= kb and next_block >= 0:
@@ -1045,12 +1101,12 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan):
             _store_scaled(dk_dst, dk_src, n_k, scale, D)
             _store_scaled(dv_dst, dv_src, n_k, 1.0, D)
     if plan.split_groups and sinks is not None:
-        return dq, dk, dv, dk_part, dv_part, dsink
+        return dq_hbm, dk_hbm, dv_hbm, dk_part, dv_part, dsink
     if plan.split_groups:
-        return dq, dk, dv, dk_part, dv_part
+        return dq_hbm, dk_hbm, dv_hbm, dk_part, dv_part
     if sinks is not None:
-        return dq, dk, dv, dsink
-    return dq, dk, dv
+        return dq_hbm, dk_hbm, dv_hbm, dsink
+    return dq_hbm, dk_hbm, dv_hbm
 
 
 # -- op-level glue: shapes, limits, reference -------------------------------------------------
