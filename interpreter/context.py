@@ -109,22 +109,15 @@ class ProgramInstance:
         instructions = self.launch.trace.instructions
         index = len(instructions)
         # _touch of each operand, inlined (per traced operand: the trace's hot loop)
-        read_acc = []
-        for t in reads:
-            storage = t._storage
-            if storage.first_use < 0:
-                storage.first_use = index
-            storage.last_use = index
-            acc = t._acc
-            read_acc.append(acc if acc is not None else t._access())
-        write_acc = []
-        for t in writes:
-            storage = t._storage
-            if storage.first_use < 0:
-                storage.first_use = index
-            storage.last_use = index
-            acc = t._acc
-            write_acc.append(acc if acc is not None else t._access())
+        read_acc, write_acc = [], []
+        for tensors, accs in ((reads, read_acc), (writes, write_acc)):
+            for t in tensors:
+                storage = t._storage
+                if storage.first_use < 0:
+                    storage.first_use = index
+                storage.last_use = index
+                acc = t._acc
+                accs.append(acc if acc is not None else t._access())
         ins = Instruction(
             index,
             api,
