@@ -24,6 +24,7 @@ __all__ = [
     "MASK32",
     "as_int32",
     "hash32",
+    "mul32",
     "rounding_bits",
 ]
 
@@ -40,6 +41,13 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     x = ((x & MASK32) * HASH_M1) & MASK32
     x = x ^ (x >> 15)
     return (x * HASH_M2) & MASK32
+
+
+def mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2^32`` for int64 ``x`` in ``[0, 2^32)`` and an int ``c`` in ``[0, 2^32)``,
+    without overflowing int64 (two 16-bit halves of ``c``)."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & MASK32
 
 
 def as_int32(x: torch.Tensor) -> torch.Tensor:

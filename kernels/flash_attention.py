@@ -65,6 +65,17 @@ import torch
 from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import TARGETS, Target
+from neuron_kernels.kernels.counter_hash import (
+    HASH_M1,
+    HASH_M2,
+    KEY_SEED,
+    KEY_STEP,
+    KEY_TENSOR,
+    MASK32,
+    as_int32,
+    hash32,
+    mul32,
+)
 from neuron_kernels.kernels.spec import (
     DTYPES,
     ITEMSIZE,
@@ -189,7 +200,19 @@ def dead_rows(q0: int, n_q: int, sq: int, sk: int, bounds) -> int:
 
 
 def validate_attention(
-    op_name: str, q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+    op_name: str,
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
+    seed_required=True,
 ) -> None:
     """Refuse bad attention input before any work, naming the argument and the value.
 
@@ -197,8 +220,9 @@ def validate_attention(
     ``[1, MAX_HEAD_DIM]``, ``H % Hkv == 0``, B of k and v equal to q's, k and v agreeing on
     (B, Hkv, Sk), dtypes (one of :data:`DTYPES`, all equal), one device, ``causal`` a bool,
     ``softmax_scale`` None or a finite float, ``window`` None or two ints each >= -1,
-    ``softcap`` a finite float >= 0 and ``sinks`` None or a ``[H]`` tensor in float32 or
-    q's dtype on q's device.
+    ``softcap`` a finite float >= 0, ``sinks`` None or a ``[H]`` tensor in float32 or
+    q's dtype on q's device, and the mask and dropout (:func:`validate_mask_dropout`;
+    ``seed_required=False``: the public op draws a missing seed itself).
 
     Raises:
         LimitError: with ``op = op_name`` and ``arg`` naming the argument at fault.
@@ -275,6 +299,7 @@ def validate_attention(
     ):
         raise LimitError(op_name, "softmax_scale", "must be None or a finite float", softmax_scale)
     _validate_features(op_name, q, window, softcap, sinks)
+    validate_mask_dropout(op_name, q, k, attn_mask, dropout_p, dropout_seed, seed_required)
 
 
 def _validate_features(op_name, q, window, softcap, sinks) -> None:
@@ -324,6 +349,156 @@ def _validate_features(op_name, q, window, softcap, sinks) -> None:
         )
 
 
+def validate_mask_dropout(
+    op_name, q, k, attn_mask, dropout_p, dropout_seed, seed_required=True
+) -> None:
+    """The ``attn_mask``, ``dropout_p`` and ``dropout_seed`` checks of
+    :func:`validate_attention`: the mask a tensor of rank 1 to 4 broadcastable to
+    ``[B, H, Sq, Sk]`` (each dim 1 or the full size, aligned right as torch broadcasts),
+    bool, q's dtype or float32, on q's device; ``dropout_p`` a float in ``[0, 1)``; the
+    seed None (refused when ``dropout_p > 0`` and ``seed_required``) or an int64 ``[2]``
+    tensor ``(seed, offset)`` on q's device."""
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise LimitError(
+                op_name, "attn_mask", "must be None or a torch.Tensor", type(attn_mask).__name__
+            )
+        if not 1 <= attn_mask.dim() <= 4:
+            raise LimitError(
+                op_name,
+                "attn_mask rank",
+                "must be 1 to 4 (broadcastable to [B, H, Sq, Sk])",
+                attn_mask.dim(),
+                limit=4,
+            )
+        want = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+        if any(m not in (1, w) for m, w in zip(shape, want)):
+            raise LimitError(
+                op_name,
+                "attn_mask shape",
+                f"must broadcast to [B, H, Sq, Sk] = {list(want)} (each dim 1 or that size)",
+                tuple(attn_mask.shape),
+                limit=want,
+            )
+        allowed = ("bool", "float32", dtype_name(q))
+        if dtype_name(attn_mask) not in allowed:
+            raise LimitError(
+                op_name,
+                "attn_mask dtype",
+                "must be bool (True: attend), float32 or q's dtype (added to the scores)",
+                dtype_name(attn_mask),
+                limit=allowed,
+            )
+        if attn_mask.device != q.device:
+            raise LimitError(
+                op_name,
+                "attn_mask device",
+                f"must equal q's device ({q.device})",
+                str(attn_mask.device),
+            )
+    if (
+        isinstance(dropout_p, bool)
+        or not isinstance(dropout_p, (int, float))
+        or not 0.0 <= dropout_p < 1.0
+    ):
+        raise LimitError(
+            op_name, "dropout_p", "must be a float in [0, 1)", repr(dropout_p), limit=1.0
+        )
+    if dropout_seed is None:
+        if dropout_p > 0 and seed_required:
+            raise LimitError(
+                op_name,
+                "dropout_seed",
+                "must be an int64 [2] tensor (seed, offset) when dropout_p > 0",
+                None,
+            )
+        return
+    if not isinstance(dropout_seed, torch.Tensor):
+        raise LimitError(
+            op_name,
+            "dropout_seed",
+            "must be None or a torch.Tensor",
+            type(dropout_seed).__name__,
+        )
+    if dropout_seed.dtype != torch.int64:
+        raise LimitError(
+            op_name, "dropout_seed dtype", "must be int64", dtype_name(dropout_seed), limit="int64"
+        )
+    if tuple(dropout_seed.shape) != (2,):
+        raise LimitError(
+            op_name,
+            "dropout_seed shape",
+            "must be [2] (seed, offset)",
+            tuple(dropout_seed.shape),
+            limit=(2,),
+        )
+    if dropout_seed.device != q.device:
+        raise LimitError(
+            op_name,
+            "dropout_seed device",
+            f"must equal q's device ({q.device})",
+            str(dropout_seed.device),
+        )
+
+
+def refuse_mask_grad(op_name, attn_mask) -> None:
+    """A float ``attn_mask`` that requires grad is refused (the kernels return no gradient
+    for it: dS reduced over its broadcast dims would be one more HBM output per tile)."""
+    if attn_mask is not None and attn_mask.requires_grad:
+        raise LimitError(
+            op_name,
+            "attn_mask",
+            "must not require grad (its gradient is not computed: pass attn_mask.detach())",
+            "a tensor with requires_grad=True",
+        )
+
+
+# Dropout: a score is kept iff the top DROPOUT_BITS bits of its counter hash are at least
+# dropout_threshold(p) (so p is applied in steps of 2^-24); kept entries are scaled by
+# 1 / (1 - p). 24 bits: as an fp32 integer the comparison is exact.
+DROPOUT_BITS = 24
+
+
+def dropout_threshold(dropout_p: float) -> int:
+    """The hashed 24-bit value below which a score is dropped: ``round(p * 2^24)``."""
+    return int(round(float(dropout_p) * (1 << DROPOUT_BITS)))
+
+
+def dropout_row_keys(dropout_seed, b: int, h: int, sq: int) -> torch.Tensor:
+    """``[B, H, Sq]`` int32: each query row's dropout key, computed on the seed's device (no
+    host sync): ``hash32(i ^ key_bh)`` with ``key_bh`` mixing (seed, offset, b * H + h) as
+    the AdamW step mixes (seed, step, tensor) (:mod:`.counter_hash`). The kernels read one
+    column of them per query tile and hash in the key index (:func:`dropout_keep`)."""
+    dev = dropout_seed.device
+    seed, offset = dropout_seed[0] & MASK32, dropout_seed[1] & MASK32
+    bh = torch.arange(b * h, dtype=torch.int64, device=dev).reshape(b, h)
+    key = mul32(seed, KEY_SEED) + mul32(offset, KEY_STEP) + mul32(bh, KEY_TENSOR)
+    key = key & MASK32
+    key = (key ^ (key >> 16)) & 0x7FFFFFFF
+    i = torch.arange(sq, dtype=torch.int64, device=dev)
+    return as_int32(hash32(i.reshape(1, 1, sq) ^ key.unsqueeze(-1)))
+
+
+def dropout_keep(dropout_seed, dropout_p, b: int, h: int, sq: int, sk: int) -> torch.Tensor:
+    """``[B, H, Sq, Sk]`` bool, True where the score is kept: the kernels' draw, in torch
+    (``hash32(j ^ row key) >> 8 >= dropout_threshold(p)``)."""
+    rows = dropout_row_keys(dropout_seed, b, h, sq).to(torch.int64) & MASK32
+    j = torch.arange(sk, dtype=torch.int64, device=rows.device)
+    bits = hash32(j.reshape(1, 1, 1, sk) ^ rows.unsqueeze(-1)) >> (32 - DROPOUT_BITS)
+    return bits >= dropout_threshold(dropout_p)
+
+
+def mask_4d(attn_mask) -> torch.Tensor:
+    """``attn_mask`` as a 4-d view (size-1 dims prepended), each stride-0 dim narrowed to one
+    element: a mask given as an expanded view is read at the size it has in memory."""
+    m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    for dim in range(4):
+        if m.shape[dim] > 1 and m.stride(dim) == 0:
+            m = m.narrow(dim, 0, 1)
+    return m
+
+
 def attention_reference(
     q,
     k,
@@ -333,6 +508,9 @@ def attention_reference(
     window=None,
     softcap=0.0,
     sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
     upcast=True,
 ):
     """Plain-torch attention: ``(out [B, H, Sq, D], lse [B, H, Sq] float32)``.
@@ -341,9 +519,14 @@ def attention_reference(
     and ``lse`` float32 (the op's output dtypes).
     GQA by broadcasting (no repeated K/V), causal and window bottom-right (:func:`visible`),
     ``softcap > 0`` caps the scaled scores to ``softcap * tanh(s / softcap)``, ``sinks``
-    adds ``exp(sink_h)`` to each row's softmax denominator (and to its lse). Fully masked
-    rows give ``out = 0`` and ``lse = sink_h`` (``-inf`` without sinks); differentiable
-    (gradients finite on masked rows).
+    adds ``exp(sink_h)`` to each row's softmax denominator (and to its lse). ``attn_mask``
+    (broadcast to ``[B, H, Sq, Sk]``): bool False masks a key; a float one is added to the
+    (capped) scores, its entries ``<= MASK_FILL`` (-1e30, and -inf) masking their key. A row
+    whose every score ends up ``<= MASK_FILL / 2`` sees nothing. ``dropout_p > 0``: the
+    normalized weights of the keys :func:`dropout_keep` drops are 0, the others scaled by
+    ``1 / (1 - p)``; lse stays the undropped softmax's. Fully masked rows give
+    ``out = 0`` and ``lse = sink_h`` (``-inf`` without sinks); differentiable (gradients
+    finite on masked rows).
     """
     b, h, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -359,6 +542,8 @@ def attention_reference(
     left, right = window_bounds(causal, window)
     if left >= 0 or right >= 0:
         scores = scores.masked_fill(~visible(sq, sk, causal, window, q.device), float("-inf"))
+    if attn_mask is not None:
+        scores = apply_attn_mask(scores, attn_mask, b, hkv, groups, sq, sk)
     row_max = scores.amax(dim=-1, keepdim=True) if sk else scores.new_zeros((*scores.shape[:-1], 1))
     sink = None
     if sinks is not None:
@@ -371,6 +556,9 @@ def attention_reference(
     if sink is not None:
         row_sum = row_sum + torch.exp(sink - shift)
     safe_sum = torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
+    if dropout_p > 0:
+        keep = dropout_keep(dropout_seed, dropout_p, b, h, sq, sk).reshape(weights.shape)
+        weights = weights * keep.to(compute) * (1.0 / (1.0 - dropout_p))
     out = torch.matmul(weights, vc) / safe_sum
     lse = (shift + torch.log(row_sum)).squeeze(-1)  # log(0) = -inf on fully masked rows
     out = out.reshape(b, h, sq, d)
@@ -378,6 +566,25 @@ def attention_reference(
     if not upcast:
         out, lse = out.to(q.dtype), lse.to(torch.float32)
     return out, lse
+
+
+def apply_attn_mask(scores, attn_mask, b, hkv, groups, sq, sk):
+    """``scores [B, Hkv, G, Sq, Sk]`` (scaled, capped, window-masked with -inf) with
+    ``attn_mask`` applied as the contract says: bool False and float entries
+    ``<= MASK_FILL`` become -inf, other float entries are added; rows whose max is then
+    ``<= MASK_FILL / 2`` become all -inf (they see nothing). The reference's and the
+    backward reference's one statement of the mask."""
+    m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    m = m.expand(b, hkv * groups, sq, sk).reshape(b, hkv, groups, sq, sk)
+    if m.dtype == torch.bool:
+        scores = scores.masked_fill(~m, float("-inf"))
+    else:
+        mc = m.to(scores.dtype)
+        scores = (scores + mc.clamp(min=MASK_FILL)).masked_fill(mc <= MASK_FILL, float("-inf"))
+    dead = scores.amax(dim=-1, keepdim=True) <= MASK_FILL / 2 if sk else None
+    if dead is not None:
+        scores = scores.masked_fill(dead, float("-inf"))
+    return scores
 
 
 # -- tunables and the tile plan -----------------------------------------------------------
@@ -478,6 +685,10 @@ class FlashAttentionPlan(nl.NKIObject):
     right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
     softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
     scale: float  # the softmax scale in use
+    mask: str  # attn_mask: "" none, "bool" (uint8 in HBM, 0 masks) or "float" (added)
+    mask_dims: tuple  # per dim of the 4-d mask (B, H, Sq, Sk): True full, False size 1
+    dropout: int  # dropout_threshold(p): a score whose 24 hashed bits are below is dropped
+    inv_keep: float  # 1 / (1 - dropout_p): the kept weights' scale
     q_tile: int  # query rows per tile: the partition count
     d_tile: int  # contraction rows of D per matmul: the partition count
     d_tiles: int  # partition tiles D spans (1 for D <= 128, 2 above)
@@ -502,6 +713,21 @@ class FlashAttentionPlan(nl.NKIObject):
     core_groups: tuple  # per core, its work: ((b, kv head, ((head, q0), ...)), ...)
     sbuf_bytes: int
     psum_banks: int
+
+
+def score_features(problem: dict) -> dict:
+    """The plan fields of the attention mask and dropout in ``problem`` (both plans'):
+    ``mask`` ("", "bool", "float"), ``mask_dims`` (which of the mask's B, H, Sq, Sk dims
+    are full, from ``mask_dims`` "bhqk" with "1" for a broadcast dim), ``dropout`` (the
+    threshold, 0 off) and ``inv_keep``."""
+    dims = str(problem.get("mask_dims", "1111"))
+    p = float(problem.get("dropout_p", 0.0))
+    return {
+        "mask": str(problem.get("mask", "")),
+        "mask_dims": tuple(c != "1" for c in dims),
+        "dropout": dropout_threshold(p) if p > 0 else 0,
+        "inv_keep": 1.0 / (1.0 - p),
+    }
 
 
 def split_groups(b, hkv, group, tiles, costs, lnc):
@@ -581,6 +807,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     left, right = window_bounds(causal, window)
     softcap = float(problem.get("softcap", 0.0))
     scale = resolve_scale(problem.get("scale"), d)
+    features = score_features(problem)
     if config.load_transpose == "dma":
         target.check_dma_transpose(OP, "config load_transpose", dtype, ITEMSIZE[dtype])
     if config.k_tile > target.psum_bank_fmax or config.k_tile > target.gemm_moving_fmax:
@@ -631,11 +858,14 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
             d_tiles,
             q_tile,
             item,
-            left >= 0 or right >= 0 or softcap > 0,
+            left >= 0 or right >= 0 or softcap > 0 or bool(features["mask"]),
             config,
             kv_chunks,
             lags,
         )
+    # Per step in flight: a mask tile (4 bytes per key at most) and dropout's two int32
+    # hash tiles.
+    sbuf += 2 * config.k_tile * 4 * (bool(features["mask"]) + 2 * bool(features["dropout"]))
     return FlashAttentionPlan(
         b=b,
         h=h,
@@ -648,6 +878,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         right=right,
         softcap=softcap,
         scale=scale,
+        **score_features(problem),
         q_tile=q_tile,
         d_tile=d_tile,
         d_tiles=d_tiles,
@@ -726,6 +957,93 @@ def mask_window(tile, n_q, n_k, q0, k0, plan, fill):
             cmp_op=nl.greater_equal,
             offset=k0 - q0 - off + plan.left,
         )
+
+
+@dataclass
+class ScoreInputs(nl.NKIObject):
+    """The kernels' per-launch inputs of the score-side features (both directions): the
+    attention mask and dropout's row keys in HBM, dropout's hash multipliers in SBUF, for
+    the batch ``b`` of the group at work."""
+
+    b: int  # the batch of the (batch, KV head) group at work
+    mask: object  # attn_mask [Bm, Hm, Sqm, Skm] in HBM (bool as uint8), None without one
+    row_keys: object  # [B, H, Sq, 1] int32 dropout row keys (dropout_row_keys), or None
+    hash_m1: object  # [pmax, 1] int32 HASH_M1 (read as a stride-0 broadcast), or None
+    hash_m2: object  # [pmax, 1] int32 HASH_M2, or None
+
+
+def score_inputs(attn_mask, row_keys, plan, rows):
+    """The launch's :class:`ScoreInputs`; dropout's multiplier columns (``rows``: the query
+    tile's partitions) are written here (GpSimd iota), once per launch. Nothing is issued
+    without dropout."""
+    m1 = m2 = None
+    if plan.dropout:
+        m1 = nl.ndarray((rows, 1), dtype=nl.int32, buffer=nl.sbuf, name="hash_m1")
+        m2 = nl.ndarray((rows, 1), dtype=nl.int32, buffer=nl.sbuf, name="hash_m2")
+        nisa.iota(dst=m1, pattern=[[0, 1]], offset=HASH_M1)
+        nisa.iota(dst=m2, pattern=[[0, 1]], offset=HASH_M2)
+    return ScoreInputs(b=0, mask=attn_mask, row_keys=row_keys, hash_m1=m1, hash_m2=m2)
+
+
+def for_batch(feat, b):
+    """``feat`` for the groups of batch ``b``."""
+    return ScoreInputs(
+        b=b, mask=feat.mask, row_keys=feat.row_keys, hash_m1=feat.hash_m1, hash_m2=feat.hash_m2
+    )
+
+
+def load_mask_tile(feat, h, q0, n_q, k0, n_k, plan):
+    """The ``[n_q, n_k]`` SBUF tile of the attention mask for query rows ``q0 ..`` of head
+    ``h`` of batch ``feat.b`` and keys ``k0 ..``, by one DMA that reads each broadcast dim of
+    the mask with stride 0 (a ``[B, 1, 1, Sk]`` padding mask is never expanded in memory):
+    uint8 (0 masks) for a bool mask, the mask's dtype for a float one."""
+    fb, fh, fq, fk = plan.mask_dims
+    mask = feat.mask
+    qa, qb = (q0, q0 + n_q) if fq else (0, 1)
+    ka, kb = (k0, k0 + n_k) if fk else (0, 1)
+    src = mask[feat.b if fb else 0, h if fh else 0, qa:qb, ka:kb]
+    if not fq and n_q > 1:
+        src = src.broadcast(0, n_q)
+    if not fk and n_k > 1:
+        src = src.broadcast(1, n_k)
+    tile = nl.ndarray((n_q, n_k), dtype=mask.dtype, buffer=nl.sbuf, name="mask_tile")
+    nisa.dma_copy(dst=tile, src=src)
+    return tile
+
+
+def load_row_keys(dst, feat, h, q0, n_q):
+    """Dropout's row keys of query rows ``q0 ..`` of head ``h`` (batch ``feat.b``) into the
+    ``[n_q, 1]`` int32 column ``dst``."""
+    nisa.dma_copy(dst=dst, src=feat.row_keys[feat.b, h, q0 : q0 + n_q, 0:1])
+
+
+def dropout_bits(row_key, n_q, k0, n_k, feat):
+    """``[n_q, n_k]`` int32: the 24 hashed bits of the scores of query rows with the
+    ``[n_q, 1]`` dropout keys ``row_key`` and keys ``k0 ..``:
+    ``hash32((k0 + f) ^ row_key) >> 8`` (:func:`dropout_keep` in torch; a score is kept iff
+    its bits are ``>= plan.dropout``). GpSimd: the key iota and the exact int32 multiplies
+    and xor; VectorE: the xor with the row key (a column) and the two shifts."""
+    i32, gpsimd = nl.int32, nisa.engine.gpsimd
+    x = nl.ndarray((n_q, n_k), dtype=i32, buffer=nl.sbuf, name="drop_x")
+    y = nl.ndarray((n_q, n_k), dtype=i32, buffer=nl.sbuf, name="drop_y")
+    m1 = feat.hash_m1[0:n_q, :].broadcast(1, n_k)
+    m2 = feat.hash_m2[0:n_q, :].broadcast(1, n_k)
+    nisa.iota(dst=x, pattern=[[1, n_k]], offset=k0, channel_multiplier=0)
+    nisa.tensor_scalar(dst=x, data=x, op0=nl.bitwise_xor, operand0=row_key)
+    nisa.tensor_tensor(dst=x, data1=x, data2=m1, op=nl.multiply, engine=gpsimd)
+    nisa.tensor_scalar(dst=y, data=x, op0=nl.right_shift, operand0=15)
+    nisa.tensor_tensor(dst=x, data1=x, data2=y, op=nl.bitwise_xor, engine=gpsimd)
+    nisa.tensor_tensor(dst=x, data1=x, data2=m2, op=nl.multiply, engine=gpsimd)
+    nisa.tensor_scalar(dst=x, data=x, op0=nl.right_shift, operand0=32 - DROPOUT_BITS)
+    return x
+
+
+def dead_rows_column(neg_max, n, name="dead"):
+    """``[n, 1]`` uint8, 1 on rows whose (negated) max ``neg_max >= -MASK_FILL / 2``: rows
+    an attention mask leaves without a visible key (their scores are all ``<= MASK_FILL``)."""
+    dead = nl.ndarray((n, 1), dtype=nl.uint8, buffer=nl.sbuf, name=name)
+    nisa.tensor_scalar(dst=dead, data=neg_max, op0=nl.greater_equal, operand0=-MASK_FILL / 2)
+    return dead
 
 
 def transpose_blocks(dst, src, rows, cols, plan):
@@ -845,8 +1163,8 @@ def _evacuate_p(p_t, qs, ks, q_dtype, plan):
 
 def stored_scale(plan) -> float:
     """The exp's scale of scores kept in SBUF (:func:`_stored_scores`): 1 for ``scale * S``,
-    ``softcap`` for ``tanh(scale * S / softcap)``."""
-    return plan.softcap if plan.softcap else 1.0
+    ``softcap`` for ``tanh(scale * S / softcap)`` (1 again once a float mask is added)."""
+    return plan.softcap if plan.softcap and plan.mask != "float" else 1.0
 
 
 def masked_fill(plan) -> float:
@@ -854,34 +1172,60 @@ def masked_fill(plan) -> float:
     value is ``t = tanh(.)``, the exp's input ``softcap * t``) ``min(-2, MASK_FILL /
     softcap)``: ``softcap * fill`` is at most -1e30 and at least ``softcap`` below any capped
     score (all in ``[-softcap, softcap]``), so its exp is 0 at every softcap."""
-    return min(-2.0, MASK_FILL / plan.softcap) if plan.softcap else MASK_FILL
+    return MASK_FILL if plan.mask == "float" else masked_fill_scaled(plan.softcap)
 
 
-def _stored_scores(s_ps, qs, ks, q0, k0, plan):
+def masked_fill_scaled(softcap) -> float:
+    """:func:`masked_fill` for the stored scale of ``softcap`` (0: off)."""
+    return min(-2.0, MASK_FILL / softcap) if softcap else MASK_FILL
+
+
+def _stored_scores(s_ps, qs, ks, q0, k0, plan, tile=None):
     """A score tile kept in SBUF: ``scale * S`` copied out of PSUM (VectorE), or with a
     softcap ``t = tanh(scale * S / softcap)`` (ScalarE's tanh, reading PSUM; the exp then
     takes ``softcap * t``); masked there with :func:`masked_fill` where a window edge
     crosses it (GpSimd cannot read PSUM). The source of its row max and of its exp, at
-    the exp scale :func:`stored_scale`. Both softmaxes keep scores this way."""
+    the exp scale :func:`stored_scale`. Both softmaxes keep scores this way. With an
+    attention mask (``tile``: the query tile's record, its head and :class:`ScoreInputs`),
+    a float one is added as the scores leave PSUM (after the softcap: ``softcap * t + m``,
+    as Gemma 2 and HF add their mask), a bool one sets its False entries to the fill."""
     s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+    mask_t = None
+    if plan.mask:
+        mask_t = load_mask_tile(tile.feat, tile.h, q0, qs, k0, ks, plan)
     if plan.softcap:
         nisa.activation(dst=s_sb, op=nl.tanh, data=s_ps, scale=plan.scale / plan.softcap)
+        if plan.mask == "float":
+            nisa.scalar_tensor_tensor(
+                dst=s_sb, data=s_sb, op0=nl.multiply, operand0=plan.softcap, op1=nl.add,
+                operand1=mask_t,
+            )  # fmt: skip
+    elif plan.mask == "float":
+        nisa.scalar_tensor_tensor(
+            dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale, op1=nl.add,
+            operand1=mask_t,
+        )  # fmt: skip
     else:
         nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
     if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
         mask_window(s_sb, qs, ks, q0, k0, plan, masked_fill(plan))
+    if plan.mask == "bool":
+        nisa.tensor_copy_predicated(
+            dst=s_sb, src=masked_fill(plan), predicate=mask_t, reverse_pred=True
+        )
     return s_sb
 
 
-def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan):
+def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, tile=None):
     """One key tile's scores: (source of its row max and exp, the exp's scale). Tiles
-    crossing a window edge are scaled into SBUF and masked there (the scale is then 1);
-    the others stay raw in PSUM with the softmax scale."""
+    crossing a window edge (every tile, with a softcap or an attention mask) are scaled
+    into SBUF and masked there (the scale is then 1); the others stay raw in PSUM with
+    the softmax scale."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, q_t, 0, qs, kt, kk0, ks, plan)
     seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
-    if seen == "some" or plan.softcap:
-        return _stored_scores(s_ps, qs, ks, q0, k0, plan), stored_scale(plan)
+    if seen == "some" or plan.softcap or plan.mask:
+        return _stored_scores(s_ps, qs, ks, q0, k0, plan, tile), stored_scale(plan)
     return s_ps, plan.scale
 
 
@@ -900,6 +1244,8 @@ class OnlineTile(nl.NKIObject):
     latest_max: object  # [qs, 1] fp32 the newest -running max (the front half runs ahead)
     row_sum: object  # [qs, 1] fp32 running sum of P, rescaled as the max grows
     o_acc: object  # [qs, D] fp32 running P V, rescaled as the max grows
+    feat: object = None  # ScoreInputs (attention mask, dropout), None without them
+    row_key: object = None  # [qs, 1] int32 dropout row keys, None without dropout
 
 
 @dataclass
@@ -919,6 +1265,7 @@ class OnlineStep(nl.NKIObject):
     alpha: object  # [qs, 1] fp32 exp(m_old - m_new), None on the first
     p_t: object  # P^T: in PSUM awaiting its copy ("pe") or in SBUF ("vector")
     o_ps: object  # [qs, D] fp32 PSUM: this tile's P V
+    k0: int = 0  # its first key
 
 
 def _dead_rows(q0, qs, plan):
@@ -927,8 +1274,9 @@ def _dead_rows(q0, qs, plan):
     return dead_rows(q0, qs, plan.sq, plan.sk, _bounds(plan))
 
 
-def _open_query_tile(q, b, h, q0, plan):
-    """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T."""
+def _open_query_tile(q, b, h, q0, plan, feat=None):
+    """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T
+    (and its dropout row keys)."""
     qs = min(plan.q_tile, plan.sq - q0)
     # Keys in [k_start, k_end) are visible to some row of the tile.
     k_start, k_end, _, _ = key_bounds(q0, qs, plan.sq, plan.sk, _bounds(plan))
@@ -940,6 +1288,10 @@ def _open_query_tile(q, b, h, q0, plan):
         )
         _load_transposed(q[b, h, q0 : q0 + qs, 0 : plan.d], q_t, qs, plan)
         state.q_t = q_t
+        state.feat = feat
+        if plan.dropout:
+            state.row_key = nl.ndarray((qs, 1), dtype=nl.int32, buffer=nl.sbuf, name="row_key")
+            load_row_keys(state.row_key, feat, h, q0, qs)
     return state
 
 
@@ -953,13 +1305,13 @@ def _front(states, kt, r0, rows, kk0, plan):
     for s in states:
         ks = min(plan.k_tile, rows - kk0, s.k_end - k0)
         if k0 < s.k_end and k0 + ks > s.k_start:
-            work.append(
-                OnlineStep(s, ks, kk0, None, 1.0, None, None, None, None, None, None, None, None)
-            )
+            r = OnlineStep(s, ks, kk0, None, 1.0, None, None, None, None, None, None, None, None)
+            r.k0 = k0
+            work.append(r)
     for r in work:
         _scores_and_max(r, kt, k0, plan)
     for r in work:  # after every reduction: VectorE does not wait on the one just issued
-        _running_max(r)
+        _running_max(r, plan)
     return work
 
 
@@ -969,7 +1321,7 @@ def _back(work, vb, q_dtype, plan):
     engine runs in program order, so one tile's chain waits while the engine does the
     other tiles' independent work."""
     for r in work:
-        _exponentiate(r, q_dtype)
+        _exponentiate(r, q_dtype, plan)
     # P^T of tile i is transposed while tile i - 1's is evacuated and multiplied with V,
     # so TensorE does not wait on the copy it just fed.
     for i in range(len(work) + 1):
@@ -987,14 +1339,14 @@ def _scores_and_max(r, kt, k0, plan):
     their row max (or min, for a negative scale) on VectorE."""
     s, ks, kk0 = r.s, r.ks, r.kk0
     qs = s.qs
-    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan)
+    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan, s)
     ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
     # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
     nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
     r.src, r.act_scale, r.ext = src, act_scale, ext
 
 
-def _running_max(r):
+def _running_max(r, plan):
     """The running max, negated: -max(m_old, act_scale * tile max)."""
     s = r.s
     qs, ext, act_scale, prev = s.qs, r.ext, r.act_scale, s.latest_max
@@ -1010,13 +1362,44 @@ def _running_max(r):
             op1=nl.minimum,
             operand1=prev,
         )
+    if plan.mask == "float":
+        _clamp_neg_max(new_neg_max)
     # The key tile's own max; the next tile's front half (issued before this tile's back
     # half) starts from it.
     r.prev, r.new_neg_max = prev, new_neg_max
     s.latest_max = new_neg_max
 
 
-def _exponentiate(r, q_dtype):
+def _clamp_neg_max(neg_max):
+    """With an attention mask: ``-max`` at most ``-MASK_FILL``, so a row whose scores are
+    all -inf (a float mask's) has a finite exp bias: ``exp(-inf + 1e30)`` is 0, never NaN."""
+    nisa.tensor_scalar(dst=neg_max, data=neg_max, op0=nl.minimum, operand0=-MASK_FILL)
+
+
+def _drop(p_sb, qs, k0, ks, tile, plan):
+    """Dropout on P in place: the dropped scores' weights become 0 (the kept ones are
+    scaled by 1 / (1 - p) at the close, on the [q, 1] reciprocal); VectorE."""
+    bits = dropout_bits(tile.row_key, qs, k0, ks, tile.feat)
+    nisa.scalar_tensor_tensor(
+        dst=p_sb, data=bits, op0=nl.greater_equal, operand0=float(plan.dropout), op1=nl.multiply,
+        operand1=p_sb,
+    )  # fmt: skip
+
+
+def _close_features(recip, neg_max, qs, plan):
+    """The close's reciprocal ``1 / l`` times ``1 / (1 - p)`` under dropout, and 0 on the
+    rows an attention mask leaves with no visible key (their ``-max >= 5e29``: P was
+    exp(0) over masked scores). Returns those rows' uint8 column (None without a mask)."""
+    if plan.dropout:
+        nisa.tensor_scalar(dst=recip, data=recip, op0=nl.multiply, operand0=plan.inv_keep)
+    if not plan.mask:
+        return None
+    dead = dead_rows_column(neg_max, qs)
+    nisa.tensor_copy_predicated(dst=recip, src=0.0, predicate=dead)
+    return dead
+
+
+def _exponentiate(r, q_dtype, plan):
     """P = exp(scale * S - m_new) on ScalarE, summed per row by its accumulator; and
     alpha = exp(m_old - m_new), which rescales the running sum and accumulator."""
     qs, ks = r.s.qs, r.ks
@@ -1033,6 +1416,8 @@ def _exponentiate(r, q_dtype):
         reduce_cmd=nisa.reduce_cmd.reset_reduce,
     )
     r.p, r.tile_sum = p_sb, tile_sum
+    if plan.dropout:
+        _drop(p_sb, qs, r.k0, ks, r.s, plan)
     if r.prev is not None:
         alpha = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="alpha")
         nisa.activation(dst=alpha, op=nl.exp, data=r.prev, bias=r.new_neg_max, scale=-1.0)
@@ -1092,10 +1477,13 @@ def _close_query_tile(s, out, lse, b, plan):
     else:
         recip = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
         nisa.reciprocal(dst=recip, data=s.row_sum)
+        dead = _close_features(recip, s.neg_max, qs, plan)
         nisa.tensor_scalar(dst=o_out, data=s.o_acc, op0=nl.multiply, operand0=recip)
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
         nisa.activation(dst=log_sum, op=nl.log, data=s.row_sum)
         nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=s.neg_max, op=nl.subtract)
+        if dead is not None:
+            nisa.tensor_copy_predicated(dst=lse_t, src=float("-inf"), predicate=dead)
         if n_dead:
             # Rows that see no key at all: zeros and -inf, as the contract says.
             nisa.memset(dst=o_out[0:n_dead, 0:d], value=0.0)
@@ -1138,7 +1526,7 @@ def _drain(pending, out, lse, b, q_dtype, plan):
         _close_query_tile(s, out, lse, b, plan)
 
 
-def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
+def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan, feat=None):
     """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
     ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
     key tiles and across groups: the next key tile's scores and max (the next group's
@@ -1148,7 +1536,7 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan):
     for t0 in range(0, len(tiles), plan.q_group):
         states = []
         for h, q0 in tiles[t0 : t0 + plan.q_group]:
-            states.append(_open_query_tile(q, b, h, q0, plan))
+            states.append(_open_query_tile(q, b, h, q0, plan, feat))
         last = None
         kt = vb = None
         if kv is not None:
@@ -1194,6 +1582,9 @@ class QueryTile(nl.NKIObject):
     p: list  # per key tile: P = exp(scale * S - max) in SBUF, q's dtype
     p_t: list  # per key tile: ((P^T tile, chunk in it, keys, V chunk), ...) in SBUF
     o_ps: object  # [qs, D] fp32 PSUM: P V summed over every key the tile sees
+    feat: object = None  # ScoreInputs (attention mask, dropout), None without them
+    row_key: object = None  # [qs, 1] int32 dropout row keys, None without dropout
+    dead: object = None  # [qs, 1] uint8: rows an attention mask leaves with no key
 
 
 def _query_tile(h, q0, plan):
@@ -1211,8 +1602,9 @@ def _query_tile(h, q0, plan):
         # chunks, so P^T chunks stay on V's chunks) stay in PSUM; only the chunks an edge
         # crosses (before and after them) are scaled and masked in SBUF.
         seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, bounds)
-        if seen != "some" or plan.softcap:  # softcap: every tile's tanh is kept in SBUF
-            spans.append((k0, ks, bool(plan.softcap)))
+        if seen != "some" or plan.softcap or plan.mask:
+            # softcap, attention mask: every tile is kept (and masked) in SBUF
+            spans.append((k0, ks, bool(plan.softcap or plan.mask)))
             continue
         for c0, cs in tiled(k0 + ks, plan.d_tile, k0):
             masked = tile_visibility(q0, qs, c0, cs, plan.sq, plan.sk, bounds) != "all"
@@ -1266,6 +1658,9 @@ def _load_query(q, b, qt, plan):
     )
     _load_transposed(q[b, qt.h, qt.q0 : qt.q0 + qt.qs, 0 : plan.d], q_t, qt.qs, plan, plan.hwdge)
     qt.q_t = q_t
+    if plan.dropout:
+        qt.row_key = nl.ndarray((qt.qs, 1), dtype=nl.int32, buffer=nl.sbuf, name="row_key")
+        load_row_keys(qt.row_key, qt.feat, qt.h, qt.q0, qt.qs)
 
 
 def _max_step(q, b, qt, j, kt, plan):
@@ -1290,7 +1685,7 @@ def _max_step(q, b, qt, j, kt, plan):
             axis=1,
         )
         return
-    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan)
+    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan, qt)
     nisa.tensor_reduce(dst=qt.ext_masked[0:qs, col : col + 1], op=nl.max, data=s_sb, axis=1)
     qt.masked[j] = s_sb
 
@@ -1302,7 +1697,7 @@ def _row_max(qt, plan):
     neg_masked = None
     if qt.n_masked:
         neg_masked = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_masked")
-        if plan.softcap:  # the stored t = tanh(.): -max(softcap * t) = -softcap * max(t)
+        if stored_scale(plan) != 1.0:  # t = tanh(.): -max(softcap * t) = -softcap * max(t)
             t_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="t_max")
             nisa.tensor_reduce(dst=t_max, op=nl.max, data=qt.ext_masked, axis=1)
             nisa.tensor_scalar(dst=neg_masked, data=t_max, op0=nl.multiply, operand0=-plan.softcap)
@@ -1329,6 +1724,8 @@ def _row_max(qt, plan):
             )
     else:
         neg_max = neg_masked
+    if plan.mask == "float":
+        _clamp_neg_max(neg_max)
     qt.neg_max = neg_max
 
 
@@ -1357,6 +1754,8 @@ def _exp_step(qt, j, kt, q_dtype, plan):
         reduce_res=qt.row_sum if last else None,
         reduce_cmd=nisa.reduce_cmd.reset_reduce if j == 0 else nisa.reduce_cmd.reduce,
     )
+    if plan.dropout:
+        _drop(p_sb, qs, k0, ks, qt, plan)
     qt.masked[j] = None
     qt.p[j] = p_sb
 
@@ -1408,10 +1807,11 @@ def _pv_step(qt, j, vb, plan):
     qt.p_t[j] = None
 
 
-def _close_sum(qt):
+def _close_sum(qt, plan):
     """The close's first half: 1 / l on VectorE (the rest waits for it, a step later)."""
     qt.recip = nl.ndarray((qt.qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
     nisa.reciprocal(dst=qt.recip, data=qt.row_sum)
+    qt.dead = _close_features(qt.recip, qt.neg_max, qt.qs, plan)
 
 
 def _close_two_pass(qt, out, lse, b, plan):
@@ -1430,6 +1830,8 @@ def _close_two_pass(qt, out, lse, b, plan):
         nisa.tensor_tensor(
             dst=lse_t, data1=log_sum, data2=qt.neg_max, op=nl.subtract, engine=nisa.engine.gpsimd
         )
+        if qt.dead is not None:
+            nisa.tensor_copy_predicated(dst=lse_t, src=float("-inf"), predicate=qt.dead)
         if qt.n_dead:
             nisa.memset(dst=o_out[0 : qt.n_dead, 0:d], value=0.0)
             nisa.memset(dst=lse_t[0 : qt.n_dead, 0:1], value=float("-inf"))
@@ -1437,7 +1839,7 @@ def _close_two_pass(qt, out, lse, b, plan):
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
-def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
+def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan, feat=None):
     """Every (head, q0) query tile of one KV head in two passes over its keys, software-
     pipelined over the flat list of (query tile, key tile) steps: at step ``i`` the max
     pass runs ``plan.lead`` steps ahead (so a tile's max is known before its exps), the exp
@@ -1448,6 +1850,7 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
     steps = []  # (query tile, key tile), in order
     for h, q0 in tiles:
         qt = _query_tile(h, q0, plan)
+        qt.feat = feat
         if not qt.keys:  # no key is visible to any row of the tile
             _close_two_pass(qt, out, lse, b, plan)
             continue
@@ -1482,7 +1885,7 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
         if 0 <= f < n:
             t, j = steps[f]
             if j == len(states[t].keys) - 1:
-                _close_sum(states[t])
+                _close_sum(states[t], plan)
         f = i - plan.lag_close - 1
         if 0 <= f < n:
             t, j = steps[f]
@@ -1491,14 +1894,16 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan):
 
 
 @nki.jit
-def flash_attention_fwd_kernel(q, k, v, plan):
+def flash_attention_fwd_kernel(q, k, v, plan, attn_mask=None, row_keys=None):
     """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
     for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM.
 
     ``plan`` is the :class:`FlashAttentionPlan` for these shapes (a compile-time argument).
     Launched as ``flash_attention_fwd_kernel[plan.lnc]``: each physical core runs its share
     ``plan.core_groups[nl.program_id(0)]`` of (batch, KV head) groups and query tiles and
-    writes only those rows of out and lse.
+    writes only those rows of out and lse. ``attn_mask`` (plan.mask: "bool" as uint8, or
+    "float"; 4-d, broadcast dims of size 1) and ``row_keys`` (``[B, H, Sq, 1]`` int32,
+    plan.dropout) are the score-side features' inputs, None without them.
     """
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -1510,26 +1915,51 @@ def flash_attention_fwd_kernel(q, k, v, plan):
     )
     out = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="out")
     lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="lse")
+    feat = score_inputs(attn_mask, row_keys, plan, plan.q_tile)
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
         if plan.softmax == "two_pass":
-            _two_pass_kv_head(q, out, lse, kv[0], kv[1], b, tiles, plan)
+            _two_pass_kv_head(q, out, lse, kv[0], kv[1], b, tiles, plan, for_batch(feat, b))
         else:
-            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan)
+            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan, for_batch(feat, b))
     return out, lse
 
 
 # -- op-level glue: problem, launch, inputs ---------------------------------------------------
 
 
+def mask_problem(attn_mask, dropout_p) -> dict:
+    """The problem keys of an attention mask and dropout (both directions'): none for plain
+    attention; ``mask`` ("bool"/"float") and ``mask_dims`` (the 4-d mask's dims, "b", "h",
+    "q", "k" where full, "1" where broadcast: "b11k" is a padding mask), ``dropout_p``."""
+    out = {}
+    if attn_mask is not None:
+        m = mask_4d(attn_mask)
+        out["mask"] = "bool" if m.dtype == torch.bool else "float"
+        out["mask_dims"] = "".join(c if n > 1 else "1" for c, n in zip("bhqk", m.shape))
+    if dropout_p:
+        out["dropout_p"] = float(dropout_p)
+    return out
+
+
 def problem(
-    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
 ) -> dict:
     """The sizes that select configs and limits (shape syntax ``BxHxHKVxSQxSKxD``), plus
     ``causal``, the softmax ``scale`` in use (``None``: 1/sqrt(D)), the window's sides
-    (``window_left``, ``window_right``; -1 unbounded), ``softcap`` (0: off) and whether
-    there are ``sinks``."""
+    (``window_left``, ``window_right``; -1 unbounded), ``softcap`` (0: off), whether
+    there are ``sinks``, and the mask and dropout (:func:`mask_problem`)."""
     b, h, sq, d = q.shape
     left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     return {
@@ -1545,12 +1975,32 @@ def problem(
         "window_right": right,
         "softcap": float(softcap),
         "sinks": sinks is not None,
+        **mask_problem(attn_mask, dropout_p),
     }
 
 
-def _forward_kernels(q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, op):
+def kernel_mask(attn_mask):
+    """The mask as the kernels read it: 4-d, stride-0 dims narrowed (:func:`mask_4d`),
+    contiguous at that size, a bool one viewed as uint8 (no copy); None stays None."""
+    if attn_mask is None:
+        return None
+    m = mask_4d(attn_mask).contiguous()
+    return m.view(torch.uint8) if m.dtype == torch.bool else m
+
+
+def kernel_row_keys(dropout_p, dropout_seed, b, h, sq):
+    """Dropout's ``[B, H, Sq, 1]`` int32 row keys for the kernels (None without dropout)."""
+    if not dropout_p:
+        return None
+    return dropout_row_keys(dropout_seed, b, h, sq).reshape(b, h, sq, 1).contiguous()
+
+
+def _forward_kernels(
+    q, k, v, causal, softmax_scale, window, softcap, sinks, features, config, runner, op
+):
     """``(out, lse)`` through the forward kernel; empty shapes and Sk = 0 (every row masked)
-    never launch it."""
+    never launch it. ``features`` = (attn_mask, dropout_p, dropout_seed)."""
+    attn_mask, dropout_p, dropout_seed = features
     b, h, sq, d = q.shape
     sk = k.shape[2]
     if b == 0 or h == 0 or sq == 0 or sk == 0:
@@ -1563,15 +2013,16 @@ def _forward_kernels(q, k, v, causal, softmax_scale, window, softcap, sinks, con
     if sinks is not None:
         raise LimitError(op, "sinks", "is not in the kernel yet (reference only)", "a tensor")
     tiles = spec.check(
-        problem(q, k, v, causal, softmax_scale, window, softcap, sinks),
+        problem(q, k, v, causal, softmax_scale, window, softcap, sinks, *features),
         dtype_name(q),
         config,
         runner.target,
         runner_lnc(runner),
     )
-    out, lse = runner(
-        flash_attention_fwd_kernel[tiles.lnc], q.contiguous(), k.contiguous(), v.contiguous(), tiles
-    )
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), tiles)
+    if attn_mask is not None or dropout_p:  # plain attention launches as it always did
+        args += (kernel_mask(attn_mask), kernel_row_keys(dropout_p, dropout_seed, b, h, sq))
+    out, lse = runner(flash_attention_fwd_kernel[tiles.lnc], *args)
     return out, lse.reshape(b, h, sq)
 
 
@@ -1584,13 +2035,17 @@ def run_kernels_fwd(
     window: list[int] | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: torch.Tensor | None = None,
     *,
     config: FlashAttentionConfig,
     runner,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [B, H, Sq, D], lse [B, H, Sq] fp32)`` for BHSD q, k, v."""
+    features = (attn_mask, dropout_p, dropout_seed)
     return _forward_kernels(
-        q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, FWD_OP
+        q, k, v, causal, softmax_scale, window, softcap, sinks, features, config, runner, FWD_OP
     )
 
 
@@ -1603,35 +2058,80 @@ def run_kernels(
     window: list[int] | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: torch.Tensor | None = None,
     *,
     config: FlashAttentionConfig,
     runner,
 ) -> torch.Tensor:
     """``out [B, H, Sq, D]`` for BHSD q, k, v."""
+    features = (attn_mask, dropout_p, dropout_seed)
     return _forward_kernels(
-        q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, OP
+        q, k, v, causal, softmax_scale, window, softcap, sinks, features, config, runner, OP
     )[0]
 
 
 def reference_fwd(
-    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None, upcast=True
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
+    upcast=True,
 ):
     """``(out, lse)``: :func:`attention_reference`."""
-    return attention_reference(q, k, v, causal, softmax_scale, window, softcap, sinks, upcast)
+    return attention_reference(
+        q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
+        dropout_seed, upcast,
+    )  # fmt: skip
 
 
 def reference(
-    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None, upcast=True
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
+    upcast=True,
 ):
     """``out``: the first output of :func:`attention_reference`."""
-    return attention_reference(q, k, v, causal, softmax_scale, window, softcap, sinks, upcast)[0]
+    return reference_fwd(
+        q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
+        dropout_seed, upcast,
+    )[0]  # fmt: skip
 
 
 def _validate(op):
     def validate(
-        q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+        q,
+        k,
+        v,
+        causal=False,
+        softmax_scale=None,
+        window=None,
+        softcap=0.0,
+        sinks=None,
+        attn_mask=None,
+        dropout_p=0.0,
+        dropout_seed=None,
     ) -> None:
-        validate_attention(op, q, k, v, causal, softmax_scale, window, softcap, sinks)
+        validate_attention(
+            op, q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
+            dropout_seed, seed_required=op != OP,
+        )  # fmt: skip
 
     validate.__doc__ = f"Refuse bad {op} input before any work (:func:`validate_attention`)."
     return validate
@@ -1663,7 +2163,30 @@ def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     v = torch.randn(b, hkv, sk, d, generator=generator).to(t)
     window, softcap, sinks = draw_features(problem, h, generator)
     causal = bool(problem.get("causal", False))
-    return q, k, v, causal, problem.get("scale"), window, softcap, sinks
+    extra = draw_mask_dropout(problem, b, h, sq, sk, t, generator)
+    return q, k, v, causal, problem.get("scale"), window, softcap, sinks, *extra
+
+
+def draw_mask_dropout(problem: dict, b, h, sq, sk, dtype, generator) -> tuple:
+    """``(attn_mask, dropout_p, dropout_seed)`` of ``problem`` (:func:`mask_problem`), drawn
+    after every other input: a bool mask True with probability 0.8, or a float one
+    ~ N(0, 2^2) in ``dtype`` with -inf at probability 0.2, at the dims ``mask_dims`` names
+    (the others 1); the seed uniform in [0, 2^62)."""
+    attn_mask = seed = None
+    kind = problem.get("mask", "")
+    if kind:
+        dims = str(problem.get("mask_dims", "bhqk"))
+        shape = [n if c != "1" else 1 for c, n in zip(dims, (b, h, sq, sk))]
+        u = torch.rand(shape, generator=generator)
+        if kind == "bool":
+            attn_mask = u < 0.8
+        else:
+            z = torch.randn(shape, generator=generator) * 2.0
+            attn_mask = torch.where(u < 0.2, torch.full_like(z, float("-inf")), z).to(dtype)
+    p = float(problem.get("dropout_p", 0.0))
+    if p:
+        seed = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64)
+    return attn_mask, p, seed
 
 
 def feature_suffix(problem: dict) -> str:
@@ -1681,6 +2204,10 @@ def feature_suffix(problem: dict) -> str:
         out += "_softcap"
     if problem.get("sinks"):
         out += "_sinks"
+    if problem.get("mask"):
+        out += f"_mask{problem['mask']}{problem.get('mask_dims', 'bhqk')}"
+    if problem.get("dropout_p"):
+        out += "_dropout"
     return out
 
 
@@ -1744,35 +2271,101 @@ def _bad_inputs(op):
             ((q, kv, kv, False, None, None, 0.0, f(4, 1)), "sinks shape"),
             ((q, kv, kv, False, None, None, 0.0, f(4, dtype=torch.bfloat16)), "sinks dtype"),
             ((q, kv, kv, False, None, None, 0.0, f(4, device="meta")), "sinks device"),
+            *_bad_mask_dropout((q, kv, kv, False, None, None, 0.0, None), q, 8, op),
         ]
 
     return bad_inputs
 
 
-def composite(q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None):
-    """The public op as torch runs it: the forward's ``out``; autograd saves its ``lse``."""
+def _bad_mask_dropout(base, q, sk, op):
+    """Bad attn_mask / dropout_p / dropout_seed after the 8 arguments ``base``: (args,
+    the argument the error must name). The seed is required except by the public op."""
+    f = torch.zeros
+    b, h, sq, _ = q.shape
+    seed = torch.tensor([1, 2])
+    bad = [
+        ((*base, f(b, h, sq, sk, 1)), "attn_mask rank"),
+        ((*base, f(())), "attn_mask rank"),
+        ((*base, f(sq, sk + 1)), "attn_mask shape"),
+        ((*base, f(2 * b, 1, 1, sk)), "attn_mask shape"),
+        ((*base, f(1, h + 1, 1, sk)), "attn_mask shape"),
+        ((*base, f(sq, sk, dtype=torch.float64)), "attn_mask dtype"),
+        ((*base, f(sq, sk, dtype=torch.int32)), "attn_mask dtype"),
+        ((*base, f(sq, sk, dtype=torch.bfloat16)), "attn_mask dtype"),
+        ((*base, f(sq, sk, device="meta")), "attn_mask device"),
+        ((*base, None, -0.1, seed), "dropout_p"),
+        ((*base, None, 1.0, seed), "dropout_p"),
+        ((*base, None, float("nan"), seed), "dropout_p"),
+        ((*base, None, 0.1, seed.int()), "dropout_seed dtype"),
+        ((*base, None, 0.1, seed[:1]), "dropout_seed shape"),
+        ((*base, None, 0.1, seed.reshape(1, 2)), "dropout_seed shape"),
+        ((*base, None, 0.1, seed.to("meta")), "dropout_seed device"),
+    ]
+    if op != OP:
+        bad.append(((*base, None, 0.1, None), "dropout_seed"))
+    return bad
+
+
+def composite(
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
+):
+    """The public op as torch runs it: the forward's ``out``; autograd saves its ``lse``
+    (and the mask and dropout seed). ``dropout_p > 0`` without a seed draws one on q's
+    device from torch's default generator (no host sync; the backward replays it). A
+    float ``attn_mask`` that requires grad is refused (:func:`refuse_mask_grad`)."""
+    if torch.is_grad_enabled():
+        refuse_mask_grad(OP, attn_mask)
+    if dropout_p and dropout_seed is None:
+        dropout_seed = torch.randint(0, 2**62, (2,), dtype=torch.int64, device=q.device)
     return torch.ops.neuron.flash_attention_fwd(
-        q, k, v, causal, softmax_scale, window, softcap, sinks
-    )[0]
+        q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
+        dropout_seed,
+    )[0]  # fmt: skip
 
 
-def _setup_context(ctx, q, k, v, causal, softmax_scale, window, softcap, sinks, output):
+def _setup_context(
+    ctx,
+    q,
+    k,
+    v,
+    causal,
+    softmax_scale,
+    window,
+    softcap,
+    sinks,
+    attn_mask,
+    dropout_p,
+    dropout_seed,
+    output,
+):
+    refuse_mask_grad(FWD_OP, attn_mask)
     out, lse = output
     ctx.causal, ctx.softmax_scale = causal, softmax_scale
     ctx.window, ctx.softcap = window, softcap
     ctx.has_sinks = sinks is not None
-    ctx.save_for_backward(q, k, v, out, lse, sinks)
+    ctx.dropout_p = dropout_p
+    ctx.save_for_backward(q, k, v, out, lse, sinks, attn_mask, dropout_seed)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, grad_lse):
     """dq, dk, dv and dsinks (in sinks' dtype) from the backward op, with the forward's
     saved out and lse (no recomputed forward). ``lse`` is marked non-differentiable."""
-    q, k, v, out, lse, sinks = ctx.saved_tensors
+    q, k, v, out, lse, sinks, attn_mask, dropout_seed = ctx.saved_tensors
     if q.numel() == 0 or k.shape[2] == 0:  # nothing attended: every gradient is zero
         dsinks = torch.zeros_like(sinks) if ctx.has_sinks else None
         zeros = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        return (*zeros, None, None, None, None, dsinks)
+        return (*zeros, None, None, None, None, dsinks, None, None, None)
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv, dsinks = torch.ops.neuron.flash_attention_bwd(
@@ -1787,8 +2380,12 @@ def _backward(ctx, grad_out, grad_lse):
         ctx.window,
         ctx.softcap,
         sinks,
+        attn_mask,
+        ctx.dropout_p,
+        dropout_seed,
     )
-    return dq, dk, dv, None, None, None, None, dsinks.to(sinks.dtype) if ctx.has_sinks else None
+    dsinks = dsinks.to(sinks.dtype) if ctx.has_sinks else None
+    return dq, dk, dv, None, None, None, None, dsinks, None, None, None
 
 
 _TOLERANCES = {

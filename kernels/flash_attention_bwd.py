@@ -62,13 +62,27 @@ from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
+    _bad_mask_dropout,
+    apply_attn_mask,
     attention_reference,
+    dead_rows_column,
     draw_features,
+    draw_mask_dropout,
+    dropout_bits,
+    dropout_keep,
     feature_suffix,
+    for_batch,
+    kernel_mask,
+    kernel_row_keys,
     key_bounds,
+    load_mask_tile,
+    load_row_keys,
+    mask_problem,
     mask_window,
     matmul_over_d,
     resolve_scale,
+    score_features,
+    score_inputs,
     tile_visibility,
     transpose_blocks,
     validate_attention,
@@ -99,6 +113,9 @@ __all__ = [
 ]
 
 OP = "flash_attention_bwd"
+# The exp bias of a row an attention mask leaves with no key (its lse is -inf): every P of
+# the row is exp(score - 3e38) = 0, whatever its (finite or -inf) masked scores.
+DEAD_ROW_BIAS = -3.0e38
 # Software pipeline depth (tile pairs): stage 2 (dK/dV, dS^T) and stage 3 (dQ) trail the
 # scores by this many pairs, so each in-order engine queue has independent work while a
 # pair's results cross engines (~200-cycle engine latency, cost_model/params.py).
@@ -199,6 +216,10 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     left: int  # keys a query sees before its diagonal, -1 unbounded (window_bounds)
     right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
     softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
+    mask: str  # attn_mask: "" none, "bool" (uint8 in HBM, 0 masks) or "float" (added)
+    mask_dims: tuple  # per dim of the 4-d mask (B, H, Sq, Sk): True full, False size 1
+    dropout: int  # dropout_threshold(p), 0 off (the forward's draw, replayed)
+    inv_keep: float  # 1 / (1 - dropout_p)
     tile_q: int  # query rows per tile (partitions of the score tiles)
     tile_k: int  # keys per tile
     q_block: int  # query tiles per pass
@@ -271,6 +292,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     group = 2 * n_kt * d * 4  # dK and dV fp32 accumulators over the query heads
     q_side = 2 * q_side + d * 4  # this pass and the next (prefetch); one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
+    # a mask tile, dropout's hash tiles and its scaled keep, P and dP kept (per pair in stage 1)
+    features = score_features(problem)
+    pair += 2 * keys * 4 * (bool(features["mask"]) + 5 * bool(features["dropout"]))
     staging = d * item  # one output tile in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
 
@@ -291,6 +315,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         left=bounds[0],
         right=bounds[1],
         softcap=float(problem.get("softcap", 0.0)),
+        **score_features(problem),
         tile_q=tq,
         tile_k=tk,
         q_block=config.q_block,
@@ -371,6 +396,9 @@ class QueryPass(nl.NKIObject):
     live: list  # (t, rows) of the tiles some key reaches, in order; the others get dq = 0
     q_src: list  # per live tile: its Q rows in HBM (what DMA transposes read)
     do_src: list  # per live tile: its dO rows in HBM
+    h: int = 0  # the query head
+    feat: object = None  # ScoreInputs (attention mask, dropout), None without them
+    row_key: object = None  # [tq, n_tiles] int32 dropout row keys, None without dropout
 
 
 @dataclass
@@ -482,10 +510,20 @@ def _scores(qs, kv, pair, scale, plan):
     matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
     src, exp_scale = s[0:n_q, 0:n_k], scale
+    mask_t = None
+    if plan.mask:
+        mask_t = load_mask_tile(qs.feat, qs.h, pair.q0, n_q, pair.k0, n_k, plan)
     if plan.softcap:  # t = tanh(scale * S / softcap) (ScalarE, from PSUM); P = exp(softcap t - lse)
         tanh_s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
         nisa.activation(dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=src, scale=scale / plan.softcap)
         src, exp_scale = tanh_s[0:n_q, 0:n_k], plan.softcap
+    if plan.mask == "float":  # C = scale S (or softcap t) + mask, VectorE; P = exp(C - lse)
+        c = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="masked_scores")
+        nisa.scalar_tensor_tensor(
+            dst=c[0:n_q, 0:n_k], data=src, op0=nl.multiply, operand0=exp_scale, op1=nl.add,
+            operand1=mask_t,
+        )  # fmt: skip
+        src, exp_scale = c[0:n_q, 0:n_k], 1.0
     nisa.activation(
         dst=p[0:n_q, 0:n_k],
         op=nl.exp,
@@ -495,10 +533,16 @@ def _scores(qs, kv, pair, scale, plan):
     )
     if pair.seen == "some":
         mask_window(p[0:n_q, 0:n_k], n_q, n_k, pair.q0, pair.k0, plan, 0.0)
+    if plan.mask == "bool":
+        nisa.tensor_copy_predicated(
+            dst=p[0:n_q, 0:n_k], src=0.0, predicate=mask_t, reverse_pred=True
+        )
     dp = s_dp[:, 1, :]
     matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, 0, n_k, plan)
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
     neg_d = qs.neg_dvec[0:n_q, t : t + 1]
+    if plan.dropout:
+        return _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s if plan.softcap else None, plan)
     if plan.softcap:
         # dS = P (1 - t^2) (dP - D): t^2 on GpSimd, P (1 - t^2) in fp32 and then dS from
         # PSUM on VectorE (ScalarE already took the tanh, so not dP - D as "split" does).
@@ -547,6 +591,45 @@ def _scores(qs, kv, pair, scale, plan):
             operand1=p[0:n_q, 0:n_k],
         )
     return PairTiles(p=p, ds=ds, ds_t=None)
+
+
+def _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s, plan):
+    """Stage 1's end under dropout (the forward's keep mask, replayed from the same row
+    keys): ``Z = keep / (1 - p)``; ``dS = P * (dP Z - D)`` (times ``1 - t^2`` under a
+    softcap) and ``P Z`` for dV. VectorE, except the hash's GpSimd part."""
+    t, n_q, n_k = pair.t, pair.n_q, pair.n_k
+    tq, tk = plan.tile_q, plan.tile_k
+    bits = dropout_bits(qs.row_key[0:n_q, t : t + 1], n_q, pair.k0, n_k, qs.feat)
+    z = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="keep_scaled")
+    nisa.tensor_scalar(
+        dst=z[0:n_q, 0:n_k], data=bits, op0=nl.greater_equal, operand0=float(plan.dropout),
+        op1=nl.multiply, operand1=plan.inv_keep,
+    )  # fmt: skip
+    dpz = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="dp_keep")
+    nisa.tensor_tensor(
+        dst=dpz[0:n_q, 0:n_k], data1=dp[0:n_q, 0:n_k], data2=z[0:n_q, 0:n_k], op=nl.multiply
+    )
+    weight = p[0:n_q, 0:n_k]
+    if tanh_s is not None:  # P (1 - t^2), as without dropout
+        pg = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="p_dtanh")
+        nisa.tensor_tensor(
+            dst=pg[0:n_q, 0:n_k], data1=tanh_s[0:n_q, 0:n_k], data2=tanh_s[0:n_q, 0:n_k],
+            op=nl.multiply, engine=nisa.engine.gpsimd,
+        )  # fmt: skip
+        nisa.scalar_tensor_tensor(
+            dst=pg[0:n_q, 0:n_k], data=pg[0:n_q, 0:n_k], op0=nl.subtract, operand0=1.0,
+            reverse0=True, op1=nl.multiply, operand1=weight,
+        )  # fmt: skip
+        weight = pg[0:n_q, 0:n_k]
+    nisa.scalar_tensor_tensor(
+        dst=ds[0:n_q, 0:n_k], data=dpz[0:n_q, 0:n_k], op0=nl.add, operand0=neg_d, op1=nl.multiply,
+        operand1=weight,
+    )  # fmt: skip
+    pz = nl.ndarray((tq, tk), dtype=p.dtype, buffer=nl.sbuf, name="p_keep")
+    nisa.tensor_tensor(
+        dst=pz[0:n_q, 0:n_k], data1=p[0:n_q, 0:n_k], data2=z[0:n_q, 0:n_k], op=nl.multiply
+    )
+    return PairTiles(p=pz, ds=ds, ds_t=None)
 
 
 def _fold(acc, part, first):
@@ -636,7 +719,7 @@ def _q_grads(st, kv, pair, first, last, sums, dq_dst, scale, plan):
     sums.started[t] = True
 
 
-def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
+def _query_pass_dma(dout, q, out, lse, b, one_pass, plan, feat=None):
     """Phase 1 of a query pass ``(h, p0, n_tiles)``: allocate its SBUF tiles and start every
     DMA (Q, dO and O rows, lse) of the tiles some key reaches; their dQ is zero otherwise."""
     h, p0, n_tiles = one_pass
@@ -655,6 +738,9 @@ def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
         q_src=[],
         do_src=[],
     )
+    qs.h, qs.feat = h, feat
+    if plan.dropout:
+        qs.row_key = nl.ndarray((tq, n_tiles), dtype=nl.int32, buffer=nl.sbuf, name="row_keys")
     for t, (q0, n_q) in enumerate(tiled(plan.sq, tq)[p0 : p0 + n_tiles]):
         k_start, k_end, _, _ = key_bounds(q0, n_q, plan.sq, plan.sk, (plan.left, plan.right))
         if k_end <= k_start:  # no row of the tile sees a key: its dq is zero
@@ -666,6 +752,8 @@ def _query_pass_dma(dout, q, out, lse, b, one_pass, plan):
         _load_rows(dout[b, h, q0 : q0 + n_q, :], qs.do[0:n_q, t, :], plan)
         _load_rows(out[b, h, q0 : q0 + n_q, :], qs.o[0:n_q, t, :], plan)
         nisa.dma_copy(dst=qs.neg_lse[0:n_q, t : t + 1], src=lse[b, h, q0 : q0 + n_q])
+        if plan.dropout:
+            load_row_keys(qs.row_key[0:n_q, t : t + 1], feat, h, q0, n_q)
     return qs
 
 
@@ -688,6 +776,11 @@ def _query_pass_prepare(qs, plan, psum_dtype):
             op0=nl.multiply,
             operand0=-1.0,
         )
+        if plan.mask:  # rows the mask leaves with no key (lse = -inf): P = exp(. - 3e38) = 0
+            dead = dead_rows_column(qs.neg_lse[0:n_q, t : t + 1], n_q)
+            nisa.tensor_copy_predicated(
+                dst=qs.neg_lse[0:n_q, t : t + 1], src=DEAD_ROW_BIAS, predicate=dead
+            )
         prod = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.sbuf, name="do_o")
         nisa.tensor_tensor(
             dst=prod[0:n_q, :], data1=do_rows, data2=qs.o[0:n_q, t, :], op=nl.multiply
@@ -784,7 +877,7 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
 
 
 @nki.jit
-def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
+def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=None, row_keys=None):
     """``(dq, dk, dv)`` for attention in BHSD layout (HBM): ``dout, q, out [B, H, Sq, D]``,
     ``k, v [B, Hkv, Sk, D]``, ``lse [B, H, Sq]`` fp32; ``scale`` is the softmax scale
     (a compile-time float) and ``plan`` the :class:`FlashAttentionBwdPlan` for these shapes.
@@ -797,7 +890,8 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
     dq, dk and dv. A group split over the cores by query passes (fewer groups than cores)
     has each core write its dq rows and its fp32 dK/dV partial sums (scaled) to its own
     slot of the extra outputs ``dk_part, dv_part [lnc, split groups, Sk, D]``, returned
-    after dq, dk and dv; the op adds the slots in core order.
+    after dq, dk and dv; the op adds the slots in core order. ``attn_mask`` and
+    ``row_keys`` are the forward kernel's (None without them).
     """
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -825,8 +919,10 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
     # PE transposes keep the input dtype in PSUM from NeuronCore-v3 (bit-accurate mode);
     # NeuronCore-v2 transposes through an fp32 matmul.
     psum_dtype = q.dtype if plan.pe_transpose_keeps_dtype else nl.float32
+    launch_feat = score_inputs(attn_mask, row_keys, plan, plan.tile_q)
 
     for b, hk, group_passes, slot in plan.core_groups[core]:
+        feat = for_batch(launch_feat, b)
         if len(group_passes) == 0:  # a split group none of whose passes is this core's
             for k0, n_k in tiled(Sk, tk):
                 _store_scaled(dk_part[core, slot, k0 : k0 + n_k, :], None, n_k, scale, D)
@@ -858,7 +954,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
         for ps in passes:
             pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
         kb = plan.kv_block
-        qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan)
+        qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan, feat)
         _query_pass_prepare(qs_next, plan, psum_dtype)
         kv_next = kv_all
         if kv_outer:
@@ -876,7 +972,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan):
             has_next = i + 1 < len(passes)
             next_block = -1
             if has_next:
-                qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan)
+                qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan, feat)
                 if kv_outer and len(pass_pairs[i + 1]) > 0:
                     next_block = pass_pairs[i + 1][0].j // kb
             if kv_outer and n_kt <= kb and next_block >= 0:
@@ -976,11 +1072,18 @@ def validate(
     window=None,
     softcap=0.0,
     sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
 ) -> None:
     """Refuse bad op input before any work: the attention checks on (q, k, v) and the
-    window, softcap and sinks, then dout and out shaped, typed and placed as q, and lse
+    window, softcap, sinks, mask and dropout (the forward's seed required with
+    ``dropout_p > 0``), then dout and out shaped, typed and placed as q, and lse
     ``[B, H, Sq]`` float32 on q's device."""
-    validate_attention(OP, q, k, v, causal, softmax_scale, window, softcap, sinks)
+    validate_attention(
+        OP, q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
+        dropout_seed,
+    )  # fmt: skip
     for arg, t in (("dout", dout), ("out", out), ("lse", lse)):
         if not isinstance(t, torch.Tensor):
             raise LimitError(OP, arg, "must be a torch.Tensor", type(t).__name__)
@@ -1017,9 +1120,13 @@ def problem(
     window=None,
     softcap=0.0,
     sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
 ) -> dict:
     """Sizes (shape syntax ``BxHKVxGROUPSxSQxSKxD``), ``causal``, then the window's sides,
-    ``softcap`` and whether there are ``sinks`` (as the forward's :func:`problem`)."""
+    ``softcap``, whether there are ``sinks``, the mask and dropout (as the forward's
+    :func:`problem`)."""
     b, h, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     groups = h // hkv if hkv else 0
@@ -1036,6 +1143,7 @@ def problem(
         "window_right": right,
         "softcap": float(softcap),
         "sinks": sinks is not None,
+        **mask_problem(attn_mask, dropout_p),
     }
 
 
@@ -1064,6 +1172,9 @@ def reference(
     window=None,
     softcap=0.0,
     sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
     upcast=True,
 ):
     """``(dq, dk, dv, dsinks)`` in plain torch from the given ``out`` and ``lse`` (closed
@@ -1073,7 +1184,10 @@ def reference(
     without a softcap), ``dQ = scale * dS K``, ``dK = scale * dS^T Q``, dK and dV summed over
     the query heads of each KV head; ``dsinks_h = -sum_{b,i} exp(sink_h - lse) D`` (a row
     with ``lse = -inf`` adds 0: it sees nothing, its out and D are 0), in sinks' dtype, and
-    an empty float32 tensor without sinks.
+    an empty float32 tensor without sinks. ``attn_mask`` makes ``P`` 0 where it masks (and
+    on rows it leaves with no key) and adds a float one to ``C``; dropout (the forward's
+    keep mask ``Z = keep / (1 - p)``, :func:`dropout_keep`) gives ``dV = (P Z)^T dO`` and
+    ``dC = P * (Z dO V^T - D)``.
 
     fp64 when ``upcast`` (fp64 outputs), else fp32 math with outputs in the inputs' dtype.
     """
@@ -1094,12 +1208,23 @@ def reference(
         logits = softcap * capped
     # Fully masked rows (lse = -inf) see no key: any finite shift leaves their P at 0.
     shift = torch.where(torch.isinf(lsec), torch.zeros_like(lsec), lsec)
-    p = torch.exp(logits - shift)
     left, right = window_bounds(causal, window)
-    if left >= 0 or right >= 0:
-        p = p.masked_fill(~visible(sq, sk, causal, window, q.device), 0.0)
-    dv = torch.matmul(p.transpose(-1, -2), doc).sum(dim=2)
+    if attn_mask is None:
+        p = torch.exp(logits - shift)
+        if left >= 0 or right >= 0:
+            p = p.masked_fill(~visible(sq, sk, causal, window, q.device), 0.0)
+    else:  # -inf where masked (window, mask, rows left with no key): P = 0 there
+        scores = logits
+        if left >= 0 or right >= 0:
+            scores = scores.masked_fill(~visible(sq, sk, causal, window, q.device), float("-inf"))
+        p = torch.exp(apply_attn_mask(scores, attn_mask, b, hkv, groups, sq, sk) - shift)
+    pz = p
     dp = torch.matmul(doc, vc.transpose(-1, -2))
+    if dropout_p > 0:
+        keep = dropout_keep(dropout_seed, dropout_p, b, h, sq, sk).reshape(p.shape)
+        z = keep.to(compute) * (1.0 / (1.0 - dropout_p))
+        pz, dp = p * z, dp * z
+    dv = torch.matmul(pz.transpose(-1, -2), doc).sum(dim=2)
     dvec = (doc * oc).sum(dim=-1, keepdim=True)
     ds = p * (dp - dvec)
     if softcap:
@@ -1134,6 +1259,9 @@ def run_kernels(
     window: list[int] | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: torch.Tensor | None = None,
     *,
     config: FlashAttentionBwdConfig,
     runner,
@@ -1149,14 +1277,19 @@ def run_kernels(
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
     if sinks is not None:
         raise LimitError(OP, "sinks", "is not in the kernel yet (reference only)", "a tensor")
+    features = (attn_mask, dropout_p, dropout_seed)
     tiles = SPEC.check(
-        problem(dout, q, k, v, out, lse, causal, softmax_scale, window, softcap, sinks),
+        problem(dout, q, k, v, out, lse, causal, softmax_scale, window, softcap, sinks, *features),
         dtype_name(q),
         config,
         runner.target,
         runner_lnc(runner),
     )
     scale = resolve_scale(softmax_scale, q.shape[3])
+    extra = ()
+    if attn_mask is not None or dropout_p:  # plain attention launches as it always did
+        b, h, sq, _ = q.shape
+        extra = (kernel_mask(attn_mask), kernel_row_keys(dropout_p, dropout_seed, b, h, sq))
     outs = runner(
         flash_attention_bwd_kernel[tiles.lnc],
         dout.contiguous(),
@@ -1167,6 +1300,7 @@ def run_kernels(
         lse.contiguous(),
         scale,
         tiles,
+        *extra,
     )
     dq, dk, dv = outs[:3]
     if tiles.split_groups:  # groups split over the cores: their fp32 dK/dV partials, added
@@ -1183,10 +1317,11 @@ def run_kernels(
 
 
 def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
-    """``(dout, q, k, v, out, lse, causal, None, window, softcap, sinks)``: q, k, v, dout
-    ~ N(0, 1) in ``dtype``, the window, softcap and sinks of ``problem`` (the forward's
-    :func:`draw_features`), out and lse from the fp64 reference forward (out rounded to
-    ``dtype``, lse fp32)."""
+    """``(dout, q, k, v, out, lse, causal, None, window, softcap, sinks, attn_mask,
+    dropout_p, dropout_seed)``: q, k, v, dout ~ N(0, 1) in ``dtype``, the window, softcap
+    and sinks of ``problem`` (the forward's :func:`draw_features`), its mask and dropout
+    (:func:`draw_mask_dropout`), out and lse from the fp64 reference forward (out rounded
+    to ``dtype``, lse fp32)."""
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     causal = bool(problem.get("causal", False))
@@ -1197,8 +1332,12 @@ def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     v = torch.randn(b, hkv, sk, d, generator=generator).to(tdt)
     dout = torch.randn(b, h, sq, d, generator=generator).to(tdt)
     window, softcap, sinks = draw_features(problem, h, generator)
-    o, lse = attention_reference(q, k, v, causal, None, window, softcap, sinks, upcast=True)
-    return dout, q, k, v, o.to(tdt), lse.to(torch.float32), causal, None, window, softcap, sinks
+    extra = draw_mask_dropout(problem, b, h, sq, sk, tdt, generator)
+    o, lse = attention_reference(q, k, v, causal, None, window, softcap, sinks, *extra, upcast=True)
+    return (
+        dout, q, k, v, o.to(tdt), lse.to(torch.float32), causal, None, window, softcap, sinks,
+        *extra,
+    )  # fmt: skip
 
 
 def kv_group_slice(problem: dict, lnc: int = 1) -> tuple[dict, int]:
@@ -1249,6 +1388,7 @@ def _bad_inputs():
         ((*args(), False, None, None, 0.0, f(3)), "sinks shape"),
         ((*args(), False, None, None, 0.0, f(2, dtype=torch.float16)), "sinks dtype"),
         ((*args(), False, None, None, 0.0, f(2, device="meta")), "sinks device"),
+        *_bad_mask_dropout((*args(), False, None, None, 0.0, None), f(1, 2, 3, 8), 5, OP),
     ]
 
 
