@@ -687,6 +687,7 @@ class FlashAttentionPlan(nl.NKIObject):
     scale: float  # the softmax scale in use
     mask: str  # attn_mask: "" none, "bool" (uint8 in HBM, 0 masks) or "float" (added)
     mask_dims: tuple  # per dim of the 4-d mask (B, H, Sq, Sk): True full, False size 1
+    mask_row: bool  # the mask has no query dim (and no softcap): added on TensorE (for_group)
     dropout: int  # dropout_threshold(p): a score whose 24 hashed bits are below is dropped
     inv_keep: float  # 1 / (1 - dropout_p): the kept weights' scale
     q_tile: int  # query rows per tile: the partition count
@@ -718,13 +719,17 @@ class FlashAttentionPlan(nl.NKIObject):
 def score_features(problem: dict) -> dict:
     """The plan fields of the attention mask and dropout in ``problem`` (both plans'):
     ``mask`` ("", "bool", "float"), ``mask_dims`` (which of the mask's B, H, Sq, Sk dims
-    are full, from ``mask_dims`` "bhqk" with "1" for a broadcast dim), ``dropout`` (the
-    threshold, 0 off) and ``inv_keep``."""
+    are full, from ``mask_dims`` "bhqk" with "1" for a broadcast dim), ``mask_row`` (no
+    query dim and no softcap: the mask is added on TensorE, :func:`add_row_mask`),
+    ``dropout`` (the threshold, 0 off) and ``inv_keep``."""
     dims = str(problem.get("mask_dims", "1111"))
     p = float(problem.get("dropout_p", 0.0))
+    mask = str(problem.get("mask", ""))
+    softcap = float(problem.get("softcap", 0.0))
     return {
-        "mask": str(problem.get("mask", "")),
+        "mask": mask,
         "mask_dims": tuple(c != "1" for c in dims),
+        "mask_row": bool(mask) and dims[2] == "1" and not softcap,
         "dropout": dropout_threshold(p) if p > 0 else 0,
         "inv_keep": 1.0 / (1.0 - p),
     }
@@ -866,6 +871,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     # Per step in flight: a mask tile (4 bytes per key at most) and dropout's two int32
     # hash tiles.
     sbuf += 2 * config.k_tile * 4 * (bool(features["mask"]) + 2 * bool(features["dropout"]))
+    if features["mask_row"]:  # the group's bias rows (and their raw loads), on one partition
+        sbuf += (h // hkv if features["mask_dims"][1] else 1) * sk * 8 if hkv else 0
     return FlashAttentionPlan(
         b=b,
         h=h,
@@ -966,29 +973,86 @@ class ScoreInputs(nl.NKIObject):
     the batch ``b`` of the group at work."""
 
     b: int  # the batch of the (batch, KV head) group at work
+    kvh: int  # the KV head of that group (its query heads: kvh * G .. kvh * G + G - 1)
+    group: int  # G: query heads per KV head
     mask: object  # attn_mask [Bm, Hm, Sqm, Skm] in HBM (bool as uint8), None without one
     row_keys: object  # [B, H, Sq, 1] int32 dropout row keys (dropout_row_keys), or None
     hash_m1: object  # [pmax, 1] int32 HASH_M1 (read as a stride-0 broadcast), or None
     hash_m2: object  # [pmax, 1] int32 HASH_M2, or None
+    key_iota: object  # dropout: [pmax, widest key tile] int32, column f holding f
+    ones: object  # row masks (plan.mask_row): [1, pmax] ones, the bias matmul's stationary
+    bias_rows: list  # row masks: per query head of the group (one if shared) [1, Sk] bias
 
 
-def score_inputs(attn_mask, row_keys, plan, rows):
-    """The launch's :class:`ScoreInputs`; dropout's multiplier columns (``rows``: the query
-    tile's partitions) are written here (GpSimd iota), once per launch. Nothing is issued
-    without dropout."""
-    m1 = m2 = None
+def score_inputs(attn_mask, row_keys, plan, rows, dtype, keys=0):
+    """The launch's :class:`ScoreInputs`; dropout's multiplier columns and key iota
+    (``rows``: the query tile's partitions, ``keys``: the widest key tile) and a row mask's
+    ones row (in :func:`bias_dtype` of the inputs' ``dtype``) are written here, once per
+    launch. Nothing is issued without them."""
+    m1 = m2 = ones = key_iota = None
+    if plan.mask_row:
+        ones = nl.ndarray((1, rows), dtype=bias_dtype(plan, dtype), buffer=nl.sbuf, name="ones")
+        nisa.memset(dst=ones, value=1.0)
     if plan.dropout:
         m1 = nl.ndarray((rows, 1), dtype=nl.int32, buffer=nl.sbuf, name="hash_m1")
         m2 = nl.ndarray((rows, 1), dtype=nl.int32, buffer=nl.sbuf, name="hash_m2")
         nisa.iota(dst=m1, pattern=[[0, 1]], offset=HASH_M1)
         nisa.iota(dst=m2, pattern=[[0, 1]], offset=HASH_M2)
-    return ScoreInputs(b=0, mask=attn_mask, row_keys=row_keys, hash_m1=m1, hash_m2=m2)
-
-
-def for_batch(feat, b):
-    """``feat`` for the groups of batch ``b``."""
+        key_iota = nl.ndarray((rows, keys), dtype=nl.int32, buffer=nl.sbuf, name="key_iota")
+        nisa.iota(dst=key_iota, pattern=[[1, keys]], offset=0, channel_multiplier=0)
     return ScoreInputs(
-        b=b, mask=feat.mask, row_keys=feat.row_keys, hash_m1=feat.hash_m1, hash_m2=feat.hash_m2
+        b=0, kvh=0, group=1, mask=attn_mask, row_keys=row_keys, hash_m1=m1, hash_m2=m2,
+        key_iota=key_iota, ones=ones, bias_rows=[],
+    )  # fmt: skip
+
+
+def bias_dtype(plan, dtype):
+    """The row mask's bias matmul dtype: bf16 for a bool mask with 2-byte inputs (its values
+    are 0 and MASK_FILL / scale), else fp32 (a float mask's values keep their precision)."""
+    if plan.mask == "bool" and dtype != nl.float32:
+        return nl.bfloat16
+    return nl.float32
+
+
+def for_group(feat, b, kvh, group, scale, plan, dtype):
+    """``feat`` for the (batch ``b``, KV head ``kvh``) group; with a row mask (plan.mask_row:
+    no query dim, no softcap) its bias rows, ``[1, Sk]`` per query head of the group (one
+    when the mask has no head dim): ``MASK_FILL / scale`` where a bool mask masks, 0 where
+    it keeps; ``m / scale`` for a float one. One DMA and one VectorE op per row, once per
+    group: each score tile then adds its slice on TensorE (:func:`add_row_mask`). ``group``
+    is G, ``scale`` the softmax scale."""
+    rows = []
+    if plan.mask_row:
+        fb, fh = plan.mask_dims[0], plan.mask_dims[1]
+        heads = group if fh else 1
+        for g in range(heads):
+            src = feat.mask[b if fb else 0, kvh * group + g if fh else 0, 0:1, 0 : plan.sk]
+            raw = nl.ndarray((1, plan.sk), dtype=feat.mask.dtype, buffer=nl.sbuf, name="mask_row")
+            nisa.dma_copy(dst=raw, src=src)
+            bias = nl.ndarray(
+                (1, plan.sk), dtype=bias_dtype(plan, dtype), buffer=nl.sbuf, name="mask_bias"
+            )
+            if plan.mask == "bool":  # (keep - 1) * (-MASK_FILL / scale)
+                nisa.tensor_scalar(
+                    dst=bias, data=raw, op0=nl.subtract, operand0=1.0, op1=nl.multiply,
+                    operand1=-MASK_FILL / scale,
+                )  # fmt: skip
+            else:
+                nisa.tensor_scalar(dst=bias, data=raw, op0=nl.multiply, operand0=1.0 / scale)
+            rows.append(bias)
+    return ScoreInputs(
+        b=b, kvh=kvh, group=group, mask=feat.mask, row_keys=feat.row_keys, hash_m1=feat.hash_m1,
+        hash_m2=feat.hash_m2, key_iota=feat.key_iota, ones=feat.ones, bias_rows=rows,
+    )  # fmt: skip
+
+
+def add_row_mask(s_ps, feat, h, qs, k0, ks, plan):
+    """A row mask added to the raw scores ``s_ps [qs, ks]`` in PSUM on TensorE: one K=1
+    matmul (the ones row times the bias row's keys ``k0 ..``) accumulating into them, so
+    ``scale * S`` carries the mask and the tile stays in PSUM (no VectorE pass)."""
+    row = feat.bias_rows[h - feat.kvh * feat.group if plan.mask_dims[1] else 0]
+    nisa.nc_matmul(
+        dst=s_ps, stationary=feat.ones[0:1, 0:qs], moving=row[0:1, k0 : k0 + ks], accumulate=True
     )
 
 
@@ -1017,25 +1081,73 @@ def load_row_keys(dst, feat, h, q0, n_q):
     nisa.dma_copy(dst=dst, src=feat.row_keys[feat.b, h, q0 : q0 + n_q, 0:1])
 
 
+@dataclass
+class DropBits(nl.NKIObject):
+    """One score tile's dropout bits in the making (:func:`dropout_stage`)."""
+
+    row_key: object  # [n_q, 1] int32 the rows' dropout keys
+    n_q: int
+    k0: int  # first key
+    n_k: int
+    x: object  # [n_q, n_k] int32: the hash, then its 24 bits
+    y: object  # [n_q, n_k] int32 scratch
+    key: object = None  # [n_q, 1] int32 row_key ^ k0 (an aligned tile: see dropout_stage)
+
+
+# The instructions of dropout_bits, in order: issued one per pipeline step by the kernels
+# (stage s of a tile DROPOUT_STAGES - s steps before its use), each engine works on other
+# tiles' stages instead of waiting on the other engine's previous stage.
+DROPOUT_STAGES = 7
+
+
+def dropout_stage(d, stage, feat):
+    """Stage ``stage`` of the bits of :class:`DropBits` ``d``:
+    ``x = hash32((k0 + f) ^ row_key) >> 8`` (:func:`dropout_keep` in torch; a score is kept
+    iff its bits are ``>= plan.dropout``). GpSimd: the key iota, the exact int32 multiplies
+    and the xor of two tiles; VectorE: the xor with the row key (a column), the shifts."""
+    n_q, n_k, gpsimd = d.n_q, d.n_k, nisa.engine.gpsimd
+    # k0 a multiple of the power of two >= n_k: k0 + f = k0 ^ f, so the launch's key iota
+    # serves, xored with the column row_key ^ k0 (no GpSimd iota per tile).
+    span = 1
+    while span < n_k:
+        span = span * 2
+    aligned = d.k0 % span == 0 and feat.key_iota.shape[1] >= n_k
+    if stage == 0:
+        d.x = nl.ndarray((n_q, n_k), dtype=nl.int32, buffer=nl.sbuf, name="drop_x")
+        d.y = nl.ndarray((n_q, n_k), dtype=nl.int32, buffer=nl.sbuf, name="drop_y")
+        if aligned:
+            d.key = nl.ndarray((n_q, 1), dtype=nl.int32, buffer=nl.sbuf, name="drop_key")
+            nisa.tensor_scalar(dst=d.key, data=d.row_key, op0=nl.bitwise_xor, operand0=d.k0)
+        else:
+            nisa.iota(dst=d.x, pattern=[[1, n_k]], offset=d.k0, channel_multiplier=0)
+    elif stage == 1:
+        if aligned:
+            iota = feat.key_iota[0:n_q, 0:n_k]
+            nisa.tensor_scalar(dst=d.x, data=iota, op0=nl.bitwise_xor, operand0=d.key)
+        else:
+            nisa.tensor_scalar(dst=d.x, data=d.x, op0=nl.bitwise_xor, operand0=d.row_key)
+    elif stage == 2:
+        m1 = feat.hash_m1[0:n_q, :].broadcast(1, n_k)
+        nisa.tensor_tensor(dst=d.x, data1=d.x, data2=m1, op=nl.multiply, engine=gpsimd)
+    elif stage == 3:
+        nisa.tensor_scalar(dst=d.y, data=d.x, op0=nl.right_shift, operand0=15)
+    elif stage == 4:
+        nisa.tensor_tensor(dst=d.x, data1=d.x, data2=d.y, op=nl.bitwise_xor, engine=gpsimd)
+    elif stage == 5:
+        m2 = feat.hash_m2[0:n_q, :].broadcast(1, n_k)
+        nisa.tensor_tensor(dst=d.x, data1=d.x, data2=m2, op=nl.multiply, engine=gpsimd)
+    else:
+        nisa.tensor_scalar(dst=d.x, data=d.x, op0=nl.right_shift, operand0=32 - DROPOUT_BITS)
+
+
 def dropout_bits(row_key, n_q, k0, n_k, feat):
     """``[n_q, n_k]`` int32: the 24 hashed bits of the scores of query rows with the
-    ``[n_q, 1]`` dropout keys ``row_key`` and keys ``k0 ..``:
-    ``hash32((k0 + f) ^ row_key) >> 8`` (:func:`dropout_keep` in torch; a score is kept iff
-    its bits are ``>= plan.dropout``). GpSimd: the key iota and the exact int32 multiplies
-    and xor; VectorE: the xor with the row key (a column) and the two shifts."""
-    i32, gpsimd = nl.int32, nisa.engine.gpsimd
-    x = nl.ndarray((n_q, n_k), dtype=i32, buffer=nl.sbuf, name="drop_x")
-    y = nl.ndarray((n_q, n_k), dtype=i32, buffer=nl.sbuf, name="drop_y")
-    m1 = feat.hash_m1[0:n_q, :].broadcast(1, n_k)
-    m2 = feat.hash_m2[0:n_q, :].broadcast(1, n_k)
-    nisa.iota(dst=x, pattern=[[1, n_k]], offset=k0, channel_multiplier=0)
-    nisa.tensor_scalar(dst=x, data=x, op0=nl.bitwise_xor, operand0=row_key)
-    nisa.tensor_tensor(dst=x, data1=x, data2=m1, op=nl.multiply, engine=gpsimd)
-    nisa.tensor_scalar(dst=y, data=x, op0=nl.right_shift, operand0=15)
-    nisa.tensor_tensor(dst=x, data1=x, data2=y, op=nl.bitwise_xor, engine=gpsimd)
-    nisa.tensor_tensor(dst=x, data1=x, data2=m2, op=nl.multiply, engine=gpsimd)
-    nisa.tensor_scalar(dst=x, data=x, op0=nl.right_shift, operand0=32 - DROPOUT_BITS)
-    return x
+    ``[n_q, 1]`` dropout keys ``row_key`` and keys ``k0 ..``: every stage of
+    :func:`dropout_stage` at once (where no pipeline spreads them)."""
+    d = DropBits(row_key=row_key, n_q=n_q, k0=k0, n_k=n_k, x=None, y=None)
+    for stage in range(DROPOUT_STAGES):
+        dropout_stage(d, stage, feat)
+    return d.x
 
 
 def dead_rows_column(neg_max, n, name="dead"):
@@ -1164,7 +1276,7 @@ def _evacuate_p(p_t, qs, ks, q_dtype, plan):
 def stored_scale(plan) -> float:
     """The exp's scale of scores kept in SBUF (:func:`_stored_scores`): 1 for ``scale * S``,
     ``softcap`` for ``tanh(scale * S / softcap)`` (1 again once a float mask is added)."""
-    return plan.softcap if plan.softcap and plan.mask != "float" else 1.0
+    return plan.softcap if plan.softcap and plan.mask != "float" else 1.0  # (no row mask)
 
 
 def masked_fill(plan) -> float:
@@ -1191,16 +1303,16 @@ def _stored_scores(s_ps, qs, ks, q0, k0, plan, tile=None):
     as Gemma 2 and HF add their mask), a bool one sets its False entries to the fill."""
     s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
     mask_t = None
-    if plan.mask:
+    if plan.mask and not plan.mask_row:  # (a row mask is in the PSUM scores already)
         mask_t = load_mask_tile(tile.feat, tile.h, q0, qs, k0, ks, plan)
     if plan.softcap:
         nisa.activation(dst=s_sb, op=nl.tanh, data=s_ps, scale=plan.scale / plan.softcap)
-        if plan.mask == "float":
+        if plan.mask == "float":  # (never a row mask: those need no softcap)
             nisa.scalar_tensor_tensor(
                 dst=s_sb, data=s_sb, op0=nl.multiply, operand0=plan.softcap, op1=nl.add,
                 operand1=mask_t,
             )  # fmt: skip
-    elif plan.mask == "float":
+    elif plan.mask == "float" and not plan.mask_row:
         nisa.scalar_tensor_tensor(
             dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale, op1=nl.add,
             operand1=mask_t,
@@ -1209,7 +1321,7 @@ def _stored_scores(s_ps, qs, ks, q0, k0, plan, tile=None):
         nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
     if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
         mask_window(s_sb, qs, ks, q0, k0, plan, masked_fill(plan))
-    if plan.mask == "bool":
+    if plan.mask == "bool" and not plan.mask_row:
         nisa.tensor_copy_predicated(
             dst=s_sb, src=masked_fill(plan), predicate=mask_t, reverse_pred=True
         )
@@ -1223,8 +1335,10 @@ def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, tile=None):
     the softmax scale."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, q_t, 0, qs, kt, kk0, ks, plan)
+    if plan.mask_row:
+        add_row_mask(s_ps, tile.feat, tile.h, qs, k0, ks, plan)
     seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
-    if seen == "some" or plan.softcap or plan.mask:
+    if seen == "some" or plan.softcap or (plan.mask and not plan.mask_row):
         return _stored_scores(s_ps, qs, ks, q0, k0, plan, tile), stored_scale(plan)
     return s_ps, plan.scale
 
@@ -1585,6 +1699,7 @@ class QueryTile(nl.NKIObject):
     feat: object = None  # ScoreInputs (attention mask, dropout), None without them
     row_key: object = None  # [qs, 1] int32 dropout row keys, None without dropout
     dead: object = None  # [qs, 1] uint8: rows an attention mask leaves with no key
+    bits: list = None  # dropout: per key tile its DropBits, built ahead of its exp
 
 
 def _query_tile(h, q0, plan):
@@ -1602,9 +1717,10 @@ def _query_tile(h, q0, plan):
         # chunks, so P^T chunks stay on V's chunks) stay in PSUM; only the chunks an edge
         # crosses (before and after them) are scaled and masked in SBUF.
         seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, bounds)
-        if seen != "some" or plan.softcap or plan.mask:
-            # softcap, attention mask: every tile is kept (and masked) in SBUF
-            spans.append((k0, ks, bool(plan.softcap or plan.mask)))
+        stored = plan.softcap or (plan.mask and not plan.mask_row)
+        if seen != "some" or stored:
+            # softcap, a mask with a query dim: every tile is kept (and masked) in SBUF
+            spans.append((k0, ks, bool(stored)))
             continue
         for c0, cs in tiled(k0 + ks, plan.d_tile, k0):
             masked = tile_visibility(q0, qs, c0, cs, plan.sq, plan.sk, bounds) != "all"
@@ -1648,6 +1764,8 @@ def _scores(qt, kt, k0, ks, plan):
     """S = q K^T of one key tile into a PSUM bank (fp32), over the D tiles."""
     s_ps = nl.ndarray((qt.qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, qt.q_t, 0, qt.qs, kt, k0, ks, plan)
+    if plan.mask_row:
+        add_row_mask(s_ps, qt.feat, qt.h, qt.qs, k0, ks, plan)
     return s_ps
 
 
@@ -1658,9 +1776,6 @@ def _load_query(q, b, qt, plan):
     )
     _load_transposed(q[b, qt.h, qt.q0 : qt.q0 + qt.qs, 0 : plan.d], q_t, qt.qs, plan, plan.hwdge)
     qt.q_t = q_t
-    if plan.dropout:
-        qt.row_key = nl.ndarray((qt.qs, 1), dtype=nl.int32, buffer=nl.sbuf, name="row_key")
-        load_row_keys(qt.row_key, qt.feat, qt.h, qt.q0, qt.qs)
 
 
 def _max_step(q, b, qt, j, kt, plan):
@@ -1754,8 +1869,12 @@ def _exp_step(qt, j, kt, q_dtype, plan):
         reduce_res=qt.row_sum if last else None,
         reduce_cmd=nisa.reduce_cmd.reset_reduce if j == 0 else nisa.reduce_cmd.reduce,
     )
-    if plan.dropout:
-        _drop(p_sb, qs, k0, ks, qt, plan)
+    if plan.dropout:  # the bits were made in the steps before (_two_pass_kv_head)
+        nisa.scalar_tensor_tensor(
+            dst=p_sb, data=qt.bits[j].x, op0=nl.greater_equal, operand0=float(plan.dropout),
+            op1=nl.multiply, operand1=p_sb,
+        )  # fmt: skip
+        qt.bits[j] = None
     qt.masked[j] = None
     qt.p[j] = p_sb
 
@@ -1807,6 +1926,14 @@ def _pv_step(qt, j, vb, plan):
     qt.p_t[j] = None
 
 
+def _dropout_step(qt, j, stage, feat):
+    """Stage ``stage`` of the dropout bits of key tile ``j`` of the query tile."""
+    if stage == 0:
+        k0, ks, _, _ = qt.keys[j]
+        qt.bits[j] = DropBits(row_key=qt.row_key, n_q=qt.qs, k0=k0, n_k=ks, x=None, y=None)
+    dropout_stage(qt.bits[j], stage, feat)
+
+
 def _close_sum(qt, plan):
     """The close's first half: 1 / l on VectorE (the rest waits for it, a step later)."""
     qt.recip = nl.ndarray((qt.qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
@@ -1854,16 +1981,26 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan, feat=None):
         if not qt.keys:  # no key is visible to any row of the tile
             _close_two_pass(qt, out, lse, b, plan)
             continue
+        if plan.dropout:  # its rows' keys, early: the bits are made steps ahead
+            qt.row_key = nl.ndarray((qt.qs, 1), dtype=nl.int32, buffer=nl.sbuf, name="row_key")
+            load_row_keys(qt.row_key, feat, h, q0, qt.qs)
+            qt.bits = [None] * len(qt.keys)
         states.append(qt)
         for j in range(len(qt.keys)):
             steps.append((len(states) - 1, j))
     n = len(steps)
-    for i in range(-plan.lead - plan.q_prefetch, n + plan.lag_close + 1):
+    first = min(-plan.lead - plan.q_prefetch, -DROPOUT_STAGES)
+    for i in range(first, n + plan.lag_close + 1):
         f = i + plan.lead + plan.q_prefetch
         if 0 <= f < n:
             t, j = steps[f]
             if j == 0:
                 _load_query(q, b, states[t], plan)
+        for stage in range(DROPOUT_STAGES if plan.dropout else 0):
+            f = i + DROPOUT_STAGES - stage  # stage s of step f, DROPOUT_STAGES - s steps ahead
+            if 0 <= f < n:
+                t, j = steps[f]
+                _dropout_step(states[t], j, stage, feat)
         f = i + plan.lead
         if 0 <= f < n:
             t, j = steps[f]
@@ -1915,14 +2052,15 @@ def flash_attention_fwd_kernel(q, k, v, plan, attn_mask=None, row_keys=None):
     )
     out = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="out")
     lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="lse")
-    feat = score_inputs(attn_mask, row_keys, plan, plan.q_tile)
+    feat = score_inputs(attn_mask, row_keys, plan, plan.q_tile, q.dtype, plan.k_tile)
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
+        group_feat = for_group(feat, b, kvh, H // Hkv, plan.scale, plan, q.dtype)
         if plan.softmax == "two_pass":
-            _two_pass_kv_head(q, out, lse, kv[0], kv[1], b, tiles, plan, for_batch(feat, b))
+            _two_pass_kv_head(q, out, lse, kv[0], kv[1], b, tiles, plan, group_feat)
         else:
-            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan, for_batch(feat, b))
+            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan, group_feat)
     return out, lse
 
 

@@ -62,16 +62,19 @@ from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
+    DROPOUT_STAGES,
+    DropBits,
     _bad_mask_dropout,
+    add_row_mask,
     apply_attn_mask,
     attention_reference,
     dead_rows_column,
     draw_features,
     draw_mask_dropout,
-    dropout_bits,
     dropout_keep,
+    dropout_stage,
     feature_suffix,
-    for_batch,
+    for_group,
     kernel_mask,
     kernel_row_keys,
     key_bounds,
@@ -218,6 +221,7 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
     mask: str  # attn_mask: "" none, "bool" (uint8 in HBM, 0 masks) or "float" (added)
     mask_dims: tuple  # per dim of the 4-d mask (B, H, Sq, Sk): True full, False size 1
+    mask_row: bool  # no query dim, no softcap: added to S on TensorE (the forward's for_group)
     dropout: int  # dropout_threshold(p), 0 off (the forward's draw, replayed)
     inv_keep: float  # 1 / (1 - dropout_p)
     tile_q: int  # query rows per tile (partitions of the score tiles)
@@ -295,6 +299,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     # a mask tile, dropout's hash tiles and its scaled keep, P and dP kept (per pair in stage 1)
     features = score_features(problem)
     pair += 2 * keys * 4 * (bool(features["mask"]) + 5 * bool(features["dropout"]))
+    if features["mask_row"]:  # the group's bias rows (and their raw loads), on one partition
+        pair += (groups if features["mask_dims"][1] else 1) * sk * 8
     staging = d * item  # one output tile in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
 
@@ -496,7 +502,7 @@ def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
     return dst
 
 
-def _scores(qs, kv, pair, scale, plan):
+def _scores(qs, kv, pair, scale, plan, bits=None):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
     the diagonal) and ``dS = P * (dP - D)``; returns the pair's SBUF tiles."""
     t, j, n_q, n_k = pair.t, pair.j, pair.n_q, pair.n_k
@@ -508,16 +514,18 @@ def _scores(qs, kv, pair, scale, plan):
     s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
     s = s_dp[:, 0, :]
     matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
+    if plan.mask_row:  # the mask's bias row added to S in PSUM (TensorE)
+        add_row_mask(s[0:n_q, 0:n_k], qs.feat, qs.h, n_q, pair.k0, n_k, plan)
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
     src, exp_scale = s[0:n_q, 0:n_k], scale
     mask_t = None
-    if plan.mask:
+    if plan.mask and not plan.mask_row:
         mask_t = load_mask_tile(qs.feat, qs.h, pair.q0, n_q, pair.k0, n_k, plan)
     if plan.softcap:  # t = tanh(scale * S / softcap) (ScalarE, from PSUM); P = exp(softcap t - lse)
         tanh_s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
         nisa.activation(dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=src, scale=scale / plan.softcap)
         src, exp_scale = tanh_s[0:n_q, 0:n_k], plan.softcap
-    if plan.mask == "float":  # C = scale S (or softcap t) + mask, VectorE; P = exp(C - lse)
+    if plan.mask == "float" and not plan.mask_row:  # C = scale S (or softcap t) + mask
         c = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="masked_scores")
         nisa.scalar_tensor_tensor(
             dst=c[0:n_q, 0:n_k], data=src, op0=nl.multiply, operand0=exp_scale, op1=nl.add,
@@ -533,7 +541,7 @@ def _scores(qs, kv, pair, scale, plan):
     )
     if pair.seen == "some":
         mask_window(p[0:n_q, 0:n_k], n_q, n_k, pair.q0, pair.k0, plan, 0.0)
-    if plan.mask == "bool":
+    if plan.mask == "bool" and not plan.mask_row:
         nisa.tensor_copy_predicated(
             dst=p[0:n_q, 0:n_k], src=0.0, predicate=mask_t, reverse_pred=True
         )
@@ -542,7 +550,8 @@ def _scores(qs, kv, pair, scale, plan):
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
     neg_d = qs.neg_dvec[0:n_q, t : t + 1]
     if plan.dropout:
-        return _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s if plan.softcap else None, plan)
+        tanh = tanh_s if plan.softcap else None
+        return _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh, bits, plan)
     if plan.softcap:
         # dS = P (1 - t^2) (dP - D): t^2 on GpSimd, P (1 - t^2) in fp32 and then dS from
         # PSUM on VectorE (ScalarE already took the tanh, so not dP - D as "split" does).
@@ -593,13 +602,14 @@ def _scores(qs, kv, pair, scale, plan):
     return PairTiles(p=p, ds=ds, ds_t=None)
 
 
-def _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s, plan):
+def _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s, bits, plan):
     """Stage 1's end under dropout (the forward's keep mask, replayed from the same row
-    keys): ``Z = keep / (1 - p)``; ``dS = P * (dP Z - D)`` (times ``1 - t^2`` under a
-    softcap) and ``P Z`` for dV. VectorE, except the hash's GpSimd part."""
-    t, n_q, n_k = pair.t, pair.n_q, pair.n_k
+    keys; ``bits``: the pair's :class:`DropBits`, made in the steps before):
+    ``Z = keep / (1 - p)``; ``dS = P * (dP Z - D)`` (times ``1 - t^2`` under a softcap) and
+    ``P Z`` for dV, on VectorE."""
+    n_q, n_k = pair.n_q, pair.n_k
     tq, tk = plan.tile_q, plan.tile_k
-    bits = dropout_bits(qs.row_key[0:n_q, t : t + 1], n_q, pair.k0, n_k, qs.feat)
+    bits = bits.x
     z = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="keep_scaled")
     nisa.tensor_scalar(
         dst=z[0:n_q, 0:n_k], data=bits, op0=nl.greater_equal, operand0=float(plan.dropout),
@@ -919,10 +929,10 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
     # PE transposes keep the input dtype in PSUM from NeuronCore-v3 (bit-accurate mode);
     # NeuronCore-v2 transposes through an fp32 matmul.
     psum_dtype = q.dtype if plan.pe_transpose_keeps_dtype else nl.float32
-    launch_feat = score_inputs(attn_mask, row_keys, plan, plan.tile_q)
+    launch_feat = score_inputs(attn_mask, row_keys, plan, plan.tile_q, q.dtype, plan.tile_k)
 
     for b, hk, group_passes, slot in plan.core_groups[core]:
-        feat = for_batch(launch_feat, b)
+        feat = for_group(launch_feat, b, hk, plan.groups, scale, plan, q.dtype)
         if len(group_passes) == 0:  # a split group none of whose passes is this core's
             for k0, n_k in tiled(Sk, tk):
                 _store_scaled(dk_part[core, slot, k0 : k0 + n_k, :], None, n_k, scale, D)
@@ -997,9 +1007,20 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
                 if len(blocks) == 0 or blocks[-1] != jb:
                     blocks.append(jb)
             states = [None] * n_pairs  # per pair: its PairTiles, from stage 1 to stage 3
-            for step in range(n_pairs + plan.lag_q):
+            drop = [None] * n_pairs  # dropout: per pair its DropBits, made ahead of stage 1
+            for step in range(-DROPOUT_STAGES if plan.dropout else 0, n_pairs + plan.lag_q):
+                for stage in range(DROPOUT_STAGES if plan.dropout else 0):
+                    n = step + DROPOUT_STAGES - stage
+                    if 0 <= n < n_pairs:
+                        if stage == 0:
+                            t, n_q = pairs[n].t, pairs[n].n_q
+                            drop[n] = DropBits(
+                                row_key=qs.row_key[0:n_q, t : t + 1], n_q=n_q, k0=pairs[n].k0,
+                                n_k=pairs[n].n_k, x=None, y=None,
+                            )  # fmt: skip
+                        dropout_stage(drop[n], stage, feat)
                 n = step
-                if n < n_pairs:
+                if 0 <= n < n_pairs:
                     pair = pairs[n]
                     first = n == 0 or kv_group[n - 1] != kv_group[n]
                     last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
@@ -1013,7 +1034,8 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
                             ahead, dst_tiles = next_block, kv_next
                     if ahead >= 0 and first:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
-                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan)
+                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan, drop[n])
+                    drop[n] = None
                     if ahead >= 0 and last:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
                     if n == n_pairs - 1 and has_next:
