@@ -454,14 +454,15 @@ def refuse_mask_grad(op_name, attn_mask) -> None:
         )
 
 
-# Dropout: a score is kept iff the top DROPOUT_BITS bits of its counter hash are at least
-# dropout_threshold(p) (so p is applied in steps of 2^-24); kept entries are scaled by
-# 1 / (1 - p). 24 bits: as an fp32 integer the comparison is exact.
-DROPOUT_BITS = 24
+# Dropout: a score is kept iff its DROPOUT_BITS hashed bits are at least
+# dropout_threshold(p) (p applied in steps of 2^-16, as the AdamW rounding's 16 bits); kept
+# entries are scaled by 1 / (1 - p). One 32-bit hash serves two neighbouring keys (the low
+# half key 2u, the high half key 2u + 1): half the hash work per score.
+DROPOUT_BITS = 16
 
 
 def dropout_threshold(dropout_p: float) -> int:
-    """The hashed 24-bit value below which a score is dropped: ``round(p * 2^24)``."""
+    """The hashed 16-bit value below which a score is dropped: ``round(p * 2^16)``."""
     return int(round(float(dropout_p) * (1 << DROPOUT_BITS)))
 
 
@@ -481,11 +482,13 @@ def dropout_row_keys(dropout_seed, b: int, h: int, sq: int) -> torch.Tensor:
 
 
 def dropout_keep(dropout_seed, dropout_p, b: int, h: int, sq: int, sk: int) -> torch.Tensor:
-    """``[B, H, Sq, Sk]`` bool, True where the score is kept: the kernels' draw, in torch
-    (``hash32(j ^ row key) >> 8 >= dropout_threshold(p)``)."""
+    """``[B, H, Sq, Sk]`` bool, True where the score is kept: the kernels' draw, in torch:
+    ``x = hash32((j >> 1) ^ row key)``, key ``j``'s bits its low 16 (j even) or high 16 (j
+    odd), kept iff ``>= dropout_threshold(p)``."""
     rows = dropout_row_keys(dropout_seed, b, h, sq).to(torch.int64) & MASK32
     j = torch.arange(sk, dtype=torch.int64, device=rows.device)
-    bits = hash32(j.reshape(1, 1, 1, sk) ^ rows.unsqueeze(-1)) >> (32 - DROPOUT_BITS)
+    x = hash32((j >> 1).reshape(1, 1, 1, sk) ^ rows.unsqueeze(-1))
+    bits = torch.where((j & 1).bool(), x >> 16, x & 0xFFFF)
     return bits >= dropout_threshold(dropout_p)
 
 
@@ -1087,11 +1090,12 @@ class DropBits(nl.NKIObject):
 
     row_key: object  # [n_q, 1] int32 the rows' dropout keys
     n_q: int
-    k0: int  # first key
+    k0: int  # first key (even)
     n_k: int
-    x: object  # [n_q, n_k] int32: the hash, then its 24 bits
-    y: object  # [n_q, n_k] int32 scratch
-    key: object = None  # [n_q, 1] int32 row_key ^ k0 (an aligned tile: see dropout_stage)
+    x: object  # [n_q, ceil(n_k / 2)] int32: one hash per pair of keys
+    y: object  # [n_q, ceil(n_k / 2)] int32 scratch
+    bits: object  # [n_q, n_k] int32: each key's 16 bits
+    key: object = None  # [n_q, 1] int32 row_key ^ (k0 / 2) (an aligned tile)
 
 
 # The instructions of dropout_bits, in order: issued one per pipeline step by the kernels
@@ -1101,53 +1105,66 @@ DROPOUT_STAGES = 7
 
 
 def dropout_stage(d, stage, feat):
-    """Stage ``stage`` of the bits of :class:`DropBits` ``d``:
-    ``x = hash32((k0 + f) ^ row_key) >> 8`` (:func:`dropout_keep` in torch; a score is kept
-    iff its bits are ``>= plan.dropout``). GpSimd: the key iota, the exact int32 multiplies
-    and the xor of two tiles; VectorE: the xor with the row key (a column), the shifts."""
+    """Stage ``stage`` of the bits of :class:`DropBits` ``d``: ``x = hash32(u ^ row_key)``
+    for the key pairs ``u = (k0 + f) / 2``, then key ``2u``'s bits ``x & 0xFFFF`` and key
+    ``2u + 1``'s ``x >> 16`` (:func:`dropout_keep` in torch; a score is kept iff its bits
+    are ``>= plan.dropout``). GpSimd: the exact int32 multiplies and the xor of two tiles
+    (and the pair iota of an unaligned tile); VectorE: the xor with the row key (a column),
+    the shifts and the mask."""
     n_q, n_k, gpsimd = d.n_q, d.n_k, nisa.engine.gpsimd
-    # k0 a multiple of the power of two >= n_k: k0 + f = k0 ^ f, so the launch's key iota
-    # serves, xored with the column row_key ^ k0 (no GpSimd iota per tile).
+    n_u, u0 = (n_k + 1) // 2, d.k0 // 2
+    # u0 a multiple of the power of two >= n_u: u0 + f = u0 ^ f, so the launch's iota
+    # serves, xored with the column row_key ^ u0 (no GpSimd iota per tile).
     span = 1
-    while span < n_k:
+    while span < n_u:
         span = span * 2
-    aligned = d.k0 % span == 0 and feat.key_iota.shape[1] >= n_k
+    aligned = u0 % span == 0 and feat.key_iota.shape[1] >= n_u
     if stage == 0:
-        d.x = nl.ndarray((n_q, n_k), dtype=nl.int32, buffer=nl.sbuf, name="drop_x")
-        d.y = nl.ndarray((n_q, n_k), dtype=nl.int32, buffer=nl.sbuf, name="drop_y")
+        assert d.k0 % 2 == 0, "dropout: key tiles start on an even key"
+        d.x = nl.ndarray((n_q, n_u), dtype=nl.int32, buffer=nl.sbuf, name="drop_x")
+        d.y = nl.ndarray((n_q, n_u), dtype=nl.int32, buffer=nl.sbuf, name="drop_y")
         if aligned:
             d.key = nl.ndarray((n_q, 1), dtype=nl.int32, buffer=nl.sbuf, name="drop_key")
-            nisa.tensor_scalar(dst=d.key, data=d.row_key, op0=nl.bitwise_xor, operand0=d.k0)
+            nisa.tensor_scalar(dst=d.key, data=d.row_key, op0=nl.bitwise_xor, operand0=u0)
         else:
-            nisa.iota(dst=d.x, pattern=[[1, n_k]], offset=d.k0, channel_multiplier=0)
+            nisa.iota(dst=d.x, pattern=[[1, n_u]], offset=u0, channel_multiplier=0)
     elif stage == 1:
         if aligned:
-            iota = feat.key_iota[0:n_q, 0:n_k]
+            iota = feat.key_iota[0:n_q, 0:n_u]
             nisa.tensor_scalar(dst=d.x, data=iota, op0=nl.bitwise_xor, operand0=d.key)
         else:
             nisa.tensor_scalar(dst=d.x, data=d.x, op0=nl.bitwise_xor, operand0=d.row_key)
     elif stage == 2:
-        m1 = feat.hash_m1[0:n_q, :].broadcast(1, n_k)
+        m1 = feat.hash_m1[0:n_q, :].broadcast(1, n_u)
         nisa.tensor_tensor(dst=d.x, data1=d.x, data2=m1, op=nl.multiply, engine=gpsimd)
     elif stage == 3:
         nisa.tensor_scalar(dst=d.y, data=d.x, op0=nl.right_shift, operand0=15)
     elif stage == 4:
         nisa.tensor_tensor(dst=d.x, data1=d.x, data2=d.y, op=nl.bitwise_xor, engine=gpsimd)
     elif stage == 5:
-        m2 = feat.hash_m2[0:n_q, :].broadcast(1, n_k)
+        m2 = feat.hash_m2[0:n_q, :].broadcast(1, n_u)
         nisa.tensor_tensor(dst=d.x, data1=d.x, data2=m2, op=nl.multiply, engine=gpsimd)
-    else:
-        nisa.tensor_scalar(dst=d.x, data=d.x, op0=nl.right_shift, operand0=32 - DROPOUT_BITS)
+    else:  # even keys: the low half; odd keys: the high half (strided views of bits)
+        d.bits = nl.ndarray((n_q, n_k), dtype=nl.int32, buffer=nl.sbuf, name="drop_bits")
+        nisa.tensor_scalar(
+            dst=d.bits[0:n_q, 0:n_k:2], data=d.x, op0=nl.bitwise_and, operand0=0xFFFF
+        )
+        if n_k > 1:
+            n_odd = n_k // 2
+            nisa.tensor_scalar(
+                dst=d.bits[0:n_q, 1:n_k:2], data=d.x[0:n_q, 0:n_odd], op0=nl.right_shift,
+                operand0=16,
+            )  # fmt: skip
 
 
 def dropout_bits(row_key, n_q, k0, n_k, feat):
-    """``[n_q, n_k]`` int32: the 24 hashed bits of the scores of query rows with the
+    """``[n_q, n_k]`` int32: the 16 hashed bits of the scores of query rows with the
     ``[n_q, 1]`` dropout keys ``row_key`` and keys ``k0 ..``: every stage of
     :func:`dropout_stage` at once (where no pipeline spreads them)."""
-    d = DropBits(row_key=row_key, n_q=n_q, k0=k0, n_k=n_k, x=None, y=None)
+    d = DropBits(row_key=row_key, n_q=n_q, k0=k0, n_k=n_k, x=None, y=None, bits=None)
     for stage in range(DROPOUT_STAGES):
         dropout_stage(d, stage, feat)
-    return d.x
+    return d.bits
 
 
 def dead_rows_column(neg_max, n, name="dead"):
@@ -1871,7 +1888,7 @@ def _exp_step(qt, j, kt, q_dtype, plan):
     )
     if plan.dropout:  # the bits were made in the steps before (_two_pass_kv_head)
         nisa.scalar_tensor_tensor(
-            dst=p_sb, data=qt.bits[j].x, op0=nl.greater_equal, operand0=float(plan.dropout),
+            dst=p_sb, data=qt.bits[j].bits, op0=nl.greater_equal, operand0=float(plan.dropout),
             op1=nl.multiply, operand1=p_sb,
         )  # fmt: skip
         qt.bits[j] = None
@@ -1930,7 +1947,9 @@ def _dropout_step(qt, j, stage, feat):
     """Stage ``stage`` of the dropout bits of key tile ``j`` of the query tile."""
     if stage == 0:
         k0, ks, _, _ = qt.keys[j]
-        qt.bits[j] = DropBits(row_key=qt.row_key, n_q=qt.qs, k0=k0, n_k=ks, x=None, y=None)
+        qt.bits[j] = DropBits(
+            row_key=qt.row_key, n_q=qt.qs, k0=k0, n_k=ks, x=None, y=None, bits=None
+        )
     dropout_stage(qt.bits[j], stage, feat)
 
 

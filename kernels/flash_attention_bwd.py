@@ -609,7 +609,7 @@ def _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s, bits, plan):
     ``P Z`` for dV, on VectorE."""
     n_q, n_k = pair.n_q, pair.n_k
     tq, tk = plan.tile_q, plan.tile_k
-    bits = bits.x
+    bits = bits.bits
     z = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="keep_scaled")
     nisa.tensor_scalar(
         dst=z[0:n_q, 0:n_k], data=bits, op0=nl.greater_equal, operand0=float(plan.dropout),
@@ -1016,7 +1016,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
                             t, n_q = pairs[n].t, pairs[n].n_q
                             drop[n] = DropBits(
                                 row_key=qs.row_key[0:n_q, t : t + 1], n_q=n_q, k0=pairs[n].k0,
-                                n_k=pairs[n].n_k, x=None, y=None,
+                                n_k=pairs[n].n_k, x=None, y=None, bits=None,
                             )  # fmt: skip
                         dropout_stage(drop[n], stage, feat)
                 n = step
