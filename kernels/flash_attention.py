@@ -27,6 +27,23 @@ The contract both directions keep:
       first); lse is over the capped scores; the backward multiplies by
       ``d(capped)/ds = 1 - tanh^2``. The kernels keep ``t = tanh(s / softcap)`` (ScalarE's
       tanh, reading PSUM) in SBUF and exponentiate ``softcap * t``. 0 is off.
+    - ``attn_mask`` (torch's: broadcastable to ``[B, H, Sq, Sk]``; bool True attends, or
+      float in q's dtype / fp32) is added to the scaled scores after the softcap
+      (``softcap * tanh(s / softcap) + m``, as Gemma 2 and HF's eager attention add their
+      mask) and intersects causal and the window. Float entries ``<= MASK_FILL`` (-1e30,
+      -inf) mask their key; rows whose every score ends ``<= MASK_FILL / 2`` see nothing:
+      ``out = 0``, ``lse = -inf``, no gradient. The kernels read the mask tile by tile,
+      broadcast dims at stride 0; a mask without a query dim (and no softcap) is a
+      ``[1, Sk]`` bias row per head added to S in PSUM by a K=1 matmul (``add_row_mask``),
+      others are applied as each score tile leaves PSUM. Its gradient is not computed
+      (a float mask that requires grad is refused).
+    - ``dropout_p`` in [0, 1): ``out = dropout(softmax(S)) V`` with the kept weights scaled
+      by ``1 / (1 - p)``; lse stays the undropped softmax's. A score is kept iff its 16
+      bits of ``hash32((j >> 1) ^ row_key)`` (low half for even ``j``, high half for odd)
+      are ``>= round(p * 2^16)``; the row keys are ``dropout_row_keys(dropout_seed, ...)``,
+      from the int64 ``[2]`` (seed, offset) tensor, ``b``, ``h`` and ``i``
+      (:mod:`.counter_hash`, the AdamW step's hash). ``dropout_keep`` is the torch mirror;
+      the backward replays the same draw from the same seed.
 
 The forward kernel, two-pass softmax (the default; K/V resident in SBUF)::
 
