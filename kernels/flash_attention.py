@@ -833,6 +833,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     softcap = float(problem.get("softcap", 0.0))
     scale = resolve_scale(problem.get("scale"), d)
     features = score_features(problem)
+    stored_mask = bool(features["mask"]) and not features["mask_row"]
     if config.load_transpose == "dma":
         target.check_dma_transpose(OP, "config load_transpose", dtype, ITEMSIZE[dtype])
     if config.k_tile > target.psum_bank_fmax or config.k_tile > target.gemm_moving_fmax:
@@ -883,14 +884,17 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
             d_tiles,
             q_tile,
             item,
-            left >= 0 or right >= 0 or softcap > 0 or bool(features["mask"]),
+            left >= 0 or right >= 0 or softcap > 0 or stored_mask,
             config,
             kv_chunks,
             lags,
         )
-    # Per step in flight: a mask tile (4 bytes per key at most) and dropout's two int32
-    # hash tiles.
-    sbuf += 2 * config.k_tile * 4 * (bool(features["mask"]) + 2 * bool(features["dropout"]))
+    # A mask tile (4 bytes per key at most) per step in flight (two); dropout's hash tiles
+    # (x, y: 4 bytes per pair of keys; bits: 4 per key) of the steps its pipeline runs
+    # ahead, and the launch's key iota.
+    sbuf += 2 * config.k_tile * 4 * stored_mask
+    if features["dropout"]:
+        sbuf += (DROPOUT_STAGES + 1) * config.k_tile * 8 + config.k_tile * 4
     if features["mask_row"]:  # the group's bias rows (and their raw loads), on one partition
         sbuf += (h // hkv if features["mask_dims"][1] else 1) * sk * 8 if hkv else 0
     return FlashAttentionPlan(

@@ -296,9 +296,14 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     group = 2 * n_kt * d * 4  # dK and dV fp32 accumulators over the query heads
     q_side = 2 * q_side + d * 4  # this pass and the next (prefetch); one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
-    # a mask tile, dropout's hash tiles and its scaled keep, P and dP kept (per pair in stage 1)
+    # per pair in flight: a mask tile (4 bytes per key at most; and its masked scores), and
+    # dropout's kept dP (fp32) and P; dropout's hash tiles of the pairs its pipeline runs
+    # ahead, and the launch's key iota
     features = score_features(problem)
-    pair += 2 * keys * 4 * (bool(features["mask"]) + 5 * bool(features["dropout"]))
+    stored_mask = bool(features["mask"]) and not features["mask_row"]
+    pair += (lag + 1) * keys * (8 * stored_mask + (8 + item) * bool(features["dropout"]))
+    if features["dropout"]:
+        pair += (DROPOUT_STAGES + 1) * keys * 8 + keys * 4
     if features["mask_row"]:  # the group's bias rows (and their raw loads), on one partition
         pair += (groups if features["mask_dims"][1] else 1) * sk * 8
     staging = d * item  # one output tile in the output dtype
@@ -604,22 +609,25 @@ def _scores(qs, kv, pair, scale, plan, bits=None):
 
 def _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s, bits, plan):
     """Stage 1's end under dropout (the forward's keep mask, replayed from the same row
-    keys; ``bits``: the pair's :class:`DropBits`, made in the steps before):
-    ``Z = keep / (1 - p)``; ``dS = P * (dP Z - D)`` (times ``1 - t^2`` under a softcap) and
-    ``P Z`` for dV, on VectorE."""
+    keys; ``bits``: the pair's :class:`DropBits`, made in the steps before), with
+    ``Z = keep / (1 - p)``: ``dS = P * (Z dP - D)`` (times ``1 - t^2`` under a softcap) and
+    ``keep * P`` for dV (whose ``1 / (1 - p)`` is applied once, at its store). VectorE
+    applies the keep to dP (from PSUM) and P; ScalarE takes ``Z dP - D`` (as "split")."""
     n_q, n_k = pair.n_q, pair.n_k
     tq, tk = plan.tile_q, plan.tile_k
     bits = bits.bits
-    z = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="keep_scaled")
-    nisa.tensor_scalar(
-        dst=z[0:n_q, 0:n_k], data=bits, op0=nl.greater_equal, operand0=float(plan.dropout),
-        op1=nl.multiply, operand1=plan.inv_keep,
+    thr = float(plan.dropout)
+    kdp = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="dp_keep")
+    nisa.scalar_tensor_tensor(
+        dst=kdp[0:n_q, 0:n_k], data=bits, op0=nl.greater_equal, operand0=thr, op1=nl.multiply,
+        operand1=dp[0:n_q, 0:n_k],
     )  # fmt: skip
-    dpz = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="dp_keep")
-    nisa.tensor_tensor(
-        dst=dpz[0:n_q, 0:n_k], data1=dp[0:n_q, 0:n_k], data2=z[0:n_q, 0:n_k], op=nl.multiply
-    )
-    weight = p[0:n_q, 0:n_k]
+    pz = nl.ndarray((tq, tk), dtype=p.dtype, buffer=nl.sbuf, name="p_keep")
+    nisa.scalar_tensor_tensor(
+        dst=pz[0:n_q, 0:n_k], data=bits, op0=nl.greater_equal, operand0=thr, op1=nl.multiply,
+        operand1=p[0:n_q, 0:n_k],
+    )  # fmt: skip
+    weight, dp_dtype = p[0:n_q, 0:n_k], p.dtype
     if tanh_s is not None:  # P (1 - t^2), as without dropout
         pg = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="p_dtanh")
         nisa.tensor_tensor(
@@ -630,15 +638,13 @@ def _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s, bits, plan):
             dst=pg[0:n_q, 0:n_k], data=pg[0:n_q, 0:n_k], op0=nl.subtract, operand0=1.0,
             reverse0=True, op1=nl.multiply, operand1=weight,
         )  # fmt: skip
-        weight = pg[0:n_q, 0:n_k]
-    nisa.scalar_tensor_tensor(
-        dst=ds[0:n_q, 0:n_k], data=dpz[0:n_q, 0:n_k], op0=nl.add, operand0=neg_d, op1=nl.multiply,
-        operand1=weight,
+        weight, dp_dtype = pg[0:n_q, 0:n_k], nl.float32
+    dp_d = nl.ndarray((tq, tk), dtype=dp_dtype, buffer=nl.sbuf, name="dp_minus_d")
+    nisa.activation(
+        dst=dp_d[0:n_q, 0:n_k], op=nl.copy, data=kdp[0:n_q, 0:n_k], scale=plan.inv_keep,
+        bias=neg_d,
     )  # fmt: skip
-    pz = nl.ndarray((tq, tk), dtype=p.dtype, buffer=nl.sbuf, name="p_keep")
-    nisa.tensor_tensor(
-        dst=pz[0:n_q, 0:n_k], data1=p[0:n_q, 0:n_k], data2=z[0:n_q, 0:n_k], op=nl.multiply
-    )
+    nisa.tensor_tensor(dst=ds[0:n_q, 0:n_k], data1=dp_d[0:n_q, 0:n_k], data2=weight, op=nl.multiply)
     return PairTiles(p=pz, ds=ds, ds_t=None)
 
 
@@ -1073,7 +1079,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
                 dk_dst = dk_part[core, slot, k0 : k0 + n_k, :]
                 dv_dst = dv_part[core, slot, k0 : k0 + n_k, :]
             _store_scaled(dk_dst, dk_src, n_k, scale, D)
-            _store_scaled(dv_dst, dv_src, n_k, 1.0, D)
+            _store_scaled(dv_dst, dv_src, n_k, plan.inv_keep, D)  # dropout: 1 / (1 - p)
     if plan.split_groups:
         return dq, dk, dv, dk_part, dv_part
     return dq, dk, dv
