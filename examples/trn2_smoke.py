@@ -167,8 +167,9 @@ def _op_checks(dtype: str) -> bool:
         f"target {target.name}; LNC {launch_lnc(target)}; dtype {dtype}"
     )
     ops = {
-        "flash_attention": lambda q, k, v, causal, scale: torch.ops.neuron.flash_attention(
-            q, k, v, causal=causal, softmax_scale=scale
+        # make_inputs' (q, k, v, causal, scale, window, softcap, sinks, mask, dropout...)
+        "flash_attention": lambda q, k, v, causal, scale, *features: (
+            torch.ops.neuron.flash_attention(q, k, v, causal, scale, *features)
         ),
         "rms_norm": lambda x, w, eps, offset, mode: torch.ops.neuron.rms_norm(
             x, w, eps, offset, mode
