@@ -1123,6 +1123,9 @@ class DropBits(nl.NKIObject):
 # (stage s of a tile DROPOUT_STAGES - s steps before its use), each engine works on other
 # tiles' stages instead of waiting on the other engine's previous stage.
 DROPOUT_STAGES = 7
+# Steps (tile pairs in the backward) a mask tile with a query dim is loaded ahead of its use:
+# its DMA's ~1.3 us latency, hidden.
+MASK_PREFETCH = 2
 
 
 def dropout_stage(d, stage, feat):
@@ -1311,9 +1314,18 @@ def _evacuate_p(p_t, qs, ks, q_dtype, plan):
     return out
 
 
+def select_mask(plan) -> bool:
+    """A bool mask with a query dim, no softcap and a positive scale: its tiles leave PSUM
+    through one VectorE ``select_reduce`` (the raw scores where the mask keeps, the fill
+    elsewhere, and their row max), kept raw (the exp takes the softmax scale)."""
+    return plan.mask == "bool" and not plan.mask_row and not plan.softcap and plan.scale > 0
+
+
 def stored_scale(plan) -> float:
     """The exp's scale of scores kept in SBUF (:func:`_stored_scores`): 1 for ``scale * S``,
     ``softcap`` for ``tanh(scale * S / softcap)`` (1 again once a float mask is added)."""
+    if select_mask(plan):
+        return plan.scale
     return plan.softcap if plan.softcap and plan.mask != "float" else 1.0  # (no row mask)
 
 
@@ -1322,6 +1334,8 @@ def masked_fill(plan) -> float:
     value is ``t = tanh(.)``, the exp's input ``softcap * t``) ``min(-2, MASK_FILL /
     softcap)``: ``softcap * fill`` is at most -1e30 and at least ``softcap`` below any capped
     score (all in ``[-softcap, softcap]``), so its exp is 0 at every softcap."""
+    if select_mask(plan):  # raw scores: the fill times the scale is MASK_FILL
+        return MASK_FILL / plan.scale
     return MASK_FILL if plan.mask == "float" else masked_fill_scaled(plan.softcap)
 
 
@@ -1330,7 +1344,7 @@ def masked_fill_scaled(softcap) -> float:
     return min(-2.0, MASK_FILL / softcap) if softcap else MASK_FILL
 
 
-def _stored_scores(s_ps, qs, ks, q0, k0, plan, tile=None):
+def _stored_scores(s_ps, qs, ks, q0, k0, plan, tile=None, mask_t=None):
     """A score tile kept in SBUF: ``scale * S`` copied out of PSUM (VectorE), or with a
     softcap ``t = tanh(scale * S / softcap)`` (ScalarE's tanh, reading PSUM; the exp then
     takes ``softcap * t``); masked there with :func:`masked_fill` where a window edge
@@ -1338,11 +1352,16 @@ def _stored_scores(s_ps, qs, ks, q0, k0, plan, tile=None):
     the exp scale :func:`stored_scale`. Both softmaxes keep scores this way. With an
     attention mask (``tile``: the query tile's record, its head and :class:`ScoreInputs`),
     a float one is added as the scores leave PSUM (after the softcap: ``softcap * t + m``,
-    as Gemma 2 and HF add their mask), a bool one sets its False entries to the fill."""
+    as Gemma 2 and HF add their mask), a bool one sets its False entries to the fill
+    (``mask_t``: its tile, loaded steps ahead; else loaded here)."""
     s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
-    mask_t = None
-    if plan.mask and not plan.mask_row:  # (a row mask is in the PSUM scores already)
+    if plan.mask and not plan.mask_row and mask_t is None:  # (a row mask is in PSUM already)
         mask_t = load_mask_tile(tile.feat, tile.h, q0, qs, k0, ks, plan)
+    if select_mask(plan):  # raw scores where kept, the fill elsewhere, in one pass
+        nisa.select_reduce(dst=s_sb, predicate=mask_t, on_true=s_ps, on_false=masked_fill(plan))
+        if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
+            mask_window(s_sb, qs, ks, q0, k0, plan, masked_fill(plan))
+        return s_sb
     if plan.softcap:
         nisa.activation(dst=s_sb, op=nl.tanh, data=s_ps, scale=plan.scale / plan.softcap)
         if plan.mask == "float":  # (never a row mask: those need no softcap)
@@ -1738,6 +1757,7 @@ class QueryTile(nl.NKIObject):
     row_key: object = None  # [qs, 1] int32 dropout row keys, None without dropout
     dead: object = None  # [qs, 1] uint8: rows an attention mask leaves with no key
     bits: list = None  # dropout: per key tile its DropBits, built ahead of its exp
+    mask_tiles: list = None  # a mask with a query dim: per key tile its tile, loaded ahead
 
 
 def _query_tile(h, q0, plan):
@@ -1838,7 +1858,20 @@ def _max_step(q, b, qt, j, kt, plan):
             axis=1,
         )
         return
-    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan, qt)
+    mask_t = None
+    if qt.mask_tiles is not None:  # loaded MASK_PREFETCH steps before
+        mask_t, qt.mask_tiles[j] = qt.mask_tiles[j], None
+    seen = tile_visibility(qt.q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
+    if select_mask(plan) and seen != "some":  # select, keep and take the row max at once
+        s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+        nisa.select_reduce(
+            dst=s_sb, predicate=mask_t, on_true=s_ps, on_false=masked_fill(plan),
+            reduce_res=qt.ext_masked[0:qs, col : col + 1],
+            reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum,
+        )  # fmt: skip
+        qt.masked[j] = s_sb
+        return
+    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan, qt, mask_t)
     nisa.tensor_reduce(dst=qt.ext_masked[0:qs, col : col + 1], op=nl.max, data=s_sb, axis=1)
     qt.masked[j] = s_sb
 
@@ -1850,10 +1883,12 @@ def _row_max(qt, plan):
     neg_masked = None
     if qt.n_masked:
         neg_masked = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_masked")
-        if stored_scale(plan) != 1.0:  # t = tanh(.): -max(softcap * t) = -softcap * max(t)
+        if stored_scale(plan) != 1.0:  # t = tanh(.) (or raw S): -max(c t) = -c max(t), c > 0
             t_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="t_max")
             nisa.tensor_reduce(dst=t_max, op=nl.max, data=qt.ext_masked, axis=1)
-            nisa.tensor_scalar(dst=neg_masked, data=t_max, op0=nl.multiply, operand0=-plan.softcap)
+            nisa.tensor_scalar(
+                dst=neg_masked, data=t_max, op0=nl.multiply, operand0=-stored_scale(plan)
+            )
         else:
             nisa.tensor_reduce(dst=neg_masked, op=nl.max, data=qt.ext_masked, axis=1, negate=True)
     if qt.n_raw:
@@ -2021,6 +2056,8 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan, feat=None):
         if not qt.keys:  # no key is visible to any row of the tile
             _close_two_pass(qt, out, lse, b, plan)
             continue
+        if plan.mask and not plan.mask_row:
+            qt.mask_tiles = [None] * len(qt.keys)
         if plan.dropout:  # its rows' keys, early: the bits are made steps ahead
             qt.row_key = nl.ndarray((qt.qs, 1), dtype=nl.int32, buffer=nl.sbuf, name="row_key")
             load_row_keys(qt.row_key, feat, h, q0, qt.qs)
@@ -2036,6 +2073,12 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan, feat=None):
             t, j = steps[f]
             if j == 0:
                 _load_query(q, b, states[t], plan)
+        f = i + plan.lead + MASK_PREFETCH  # its mask tile, ahead of its max pass (DMA latency)
+        if 0 <= f < n and plan.mask and not plan.mask_row:
+            t, j = steps[f]
+            qt = states[t]
+            k0, ks, _, _ = qt.keys[j]
+            qt.mask_tiles[j] = load_mask_tile(feat, qt.h, qt.q0, qt.qs, k0, ks, plan)
         for stage in range(DROPOUT_STAGES if plan.dropout else 0):
             f = i + DROPOUT_STAGES - stage  # stage s of step f, DROPOUT_STAGES - s steps ahead
             if 0 <= f < n:

@@ -63,6 +63,7 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
     DROPOUT_STAGES,
+    MASK_PREFETCH,
     DropBits,
     _bad_mask_dropout,
     add_row_mask,
@@ -507,7 +508,7 @@ def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
     return dst
 
 
-def _scores(qs, kv, pair, scale, plan, bits=None):
+def _scores(qs, kv, pair, scale, plan, bits=None, mask_t=None):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
     the diagonal) and ``dS = P * (dP - D)``; returns the pair's SBUF tiles."""
     t, j, n_q, n_k = pair.t, pair.j, pair.n_q, pair.n_k
@@ -523,8 +524,7 @@ def _scores(qs, kv, pair, scale, plan, bits=None):
         add_row_mask(s[0:n_q, 0:n_k], qs.feat, qs.h, n_q, pair.k0, n_k, plan)
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
     src, exp_scale = s[0:n_q, 0:n_k], scale
-    mask_t = None
-    if plan.mask and not plan.mask_row:
+    if plan.mask and not plan.mask_row and mask_t is None:  # (else loaded pairs ahead)
         mask_t = load_mask_tile(qs.feat, qs.h, pair.q0, n_q, pair.k0, n_k, plan)
     if plan.softcap:  # t = tanh(scale * S / softcap) (ScalarE, from PSUM); P = exp(softcap t - lse)
         tanh_s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
@@ -1014,7 +1014,14 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
                     blocks.append(jb)
             states = [None] * n_pairs  # per pair: its PairTiles, from stage 1 to stage 3
             drop = [None] * n_pairs  # dropout: per pair its DropBits, made ahead of stage 1
-            for step in range(-DROPOUT_STAGES if plan.dropout else 0, n_pairs + plan.lag_q):
+            masks = [None] * n_pairs  # a mask with a query dim: per pair its tile, loaded ahead
+            stored_mask = plan.mask and not plan.mask_row
+            ahead = max(DROPOUT_STAGES if plan.dropout else 0, MASK_PREFETCH if stored_mask else 0)
+            for step in range(-ahead, n_pairs + plan.lag_q):
+                n = step + MASK_PREFETCH
+                if stored_mask and 0 <= n < n_pairs:
+                    pr = pairs[n]
+                    masks[n] = load_mask_tile(feat, h, pr.q0, pr.n_q, pr.k0, pr.n_k, plan)
                 for stage in range(DROPOUT_STAGES if plan.dropout else 0):
                     n = step + DROPOUT_STAGES - stage
                     if 0 <= n < n_pairs:
@@ -1040,8 +1047,8 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
                             ahead, dst_tiles = next_block, kv_next
                     if ahead >= 0 and first:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
-                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan, drop[n])
-                    drop[n] = None
+                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan, drop[n], masks[n])
+                    drop[n], masks[n] = None, None
                     if ahead >= 0 and last:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
                     if n == n_pairs - 1 and has_next:
