@@ -120,6 +120,14 @@ class ModelBackend:
         return self._inputs[key]
 
     def measure(self, spec, problem: dict, dtype: str, config) -> Measurement:
+        from neuron_kernels.interpreter.execution import cyclic_gc_paused
+
+        # One trial without the cyclic GC (see cyclic_gc_paused): its traces die by
+        # reference counting when _measure returns, so the collector never walks them.
+        with cyclic_gc_paused():
+            return self._measure(spec, problem, dtype, config)
+
+    def _measure(self, spec, problem: dict, dtype: str, config) -> Measurement:
         from neuron_kernels.cost_model.profiler import Profiler
 
         sliced = spec.model_slice is not None

@@ -70,6 +70,38 @@ Whole process (imports, inputs and 2 trials): CPU after/before 0.844 (median of 
 At ~2.4 s per trial on idle cores before, 1.30x gives ~1.85 s: ~65 modeled trials/min
 with ``--jobs 2`` instead of ~50 (the trial is the tuner's per-trial work; wall time on
 the shared machine depends on the other sessions' load).
+
+Issue 32 item 13 (trial speed, second pass). Trace: Python's cyclic GC paused for a
+launch and, in ``ModelBackend.measure``, for the whole trial (a launch leaves almost no
+cyclic garbage; ``run()``'s argument conversion no longer forms a cycle holding the
+trace); a PSUM tile whose elements share one accumulation state keeps it as one number
+(whole-tile matmuls/transposes never touch the per-element array, allocated only when a
+partial view needs it); trace-only ``tensor_copy``/``tensor_tensor`` make the reads'
+refusals but no arithmetic on zeros; ``engine_operand``'s pattern checks are remembered
+per launch for combinations that passed (failures always re-run; NeuronCore-v2 always
+re-checks); merged free dims cached by (shape, strides); attrs handed to the trace
+without keyword re-packing; usable PSUM read once per launch. Schedule: a read's
+overlapping live writes cached until its storage's write table changes (same order, so
+the same producer on ties); edge and cover rules inlined; appends at the end of a
+timeline skip the bisects; the PSUM allocator's fit loop inlined (same candidates, same
+set order); VectorE cycle rules build their operand sets only when read; TensorE costs
+memoised per trace by everything ``_tensor_cost`` reads. Every modeled
+number identical (``--check`` against a recording made before; 13 more
+``ModelBackend.measure`` latencies of matmul, rms_norm fwd/bwd, flash attention fwd/bwd,
+fused_adamw_ and swiglu fwd/bwd equal as floats). matmul 4096^3 bf16 default config, CPU
+seconds (``time.process_time``), base and new processes alternated, median; load average
+4-6 on 2 cores::
+
+    phase                                   before s  after s  ratio
+    trace (run, compute=False)                1.078    0.599   0.56x
+    schedule (model_trace)                    0.659    0.507   0.77x
+    trace + schedule                          1.737    1.106   0.64x
+    ModelBackend.measure (one tuner trial)    1.78     1.05    0.59x
+
+Other matmul configs, ``ModelBackend.measure`` CPU: psum 2x2 1.65 -> 0.98 s, DMA
+transpose 8x4 0.87 -> 0.47 s, B stationary 4.49 -> 2.65 s. One trial at 8192x28672x8192
+bf16 (535,808 instructions): peak RSS 1.15 -> 1.13 GB (``/usr/bin/time -v``), CPU
+58.9 -> 42.6 s, modeled latency 60,138.954 us both times.
 """
 
 from __future__ import annotations

@@ -128,6 +128,7 @@ UNIT_LABEL = {
 }
 _FP32 = {"float32"}
 _TWO_BYTE_FLOAT = {"bfloat16", "float16"}
+_ON_CHIP = ("sbuf", "psum")
 _FP8 = {"float8_e4m3", "float8_e5m2", "float8_e4m3fn"}
 
 # Activation functions grouped into table sets; "copy"-like ops need no table. Which function
@@ -213,9 +214,25 @@ class Timeline:
             self.last_end = end
 
     def place(self, ready: float, dur: float) -> float:
-        start = self.earliest(ready, dur)
-        self.reserve(start, dur)
-        return start
+        ends = self.ends
+        if ends and ready < ends[-1]:
+            start = self.earliest(ready, dur)
+            self.reserve(start, dur)
+            return start
+        # At or after the last busy interval (an in-order engine's usual case): what
+        # earliest + reserve give there, without their searches. ends[-1] is the latest end.
+        if dur <= 0:
+            return ready
+        end = ready + dur
+        if ends and ready == ends[-1]:
+            ends[-1] = end  # touching: merged into the last interval
+        else:
+            self.starts.append(ready)
+            ends.append(end)
+        self.busy += dur
+        if end > self.last_end:
+            self.last_end = end
+        return ready
 
     def fill(self, ready: float, dur: float) -> tuple[float, float]:
         """Divisible work: take free time from ``ready`` on, across gaps, until ``dur`` is done.
@@ -287,41 +304,60 @@ class ModeledTimeline:
 # -- per-instruction costs ---------------------------------------------------------------
 
 
-def _is_unit_stride(a: Access) -> bool:
-    return a.inner_stride_bytes <= a.itemsize
-
-
 def _stride_factor(p: CostParams, accesses) -> float:
+    threshold = p.stride_threshold_bytes
     for a in accesses:
-        if a.on_chip and a.inner_stride_bytes > p.stride_threshold_bytes:
+        if a.inner_stride_bytes > threshold and a.buffer in _ON_CHIP:  # (Access.on_chip)
             return p.stride_penalty
     return 1.0
 
 
 def _n_free(accesses) -> int:
-    return max((a.elems_per_partition for a in accesses), default=1)
+    """The largest free size of ``accesses`` (1 for none)."""
+    n = 0
+    for a in accesses:
+        e = a.elems_per_partition
+        if e > n:
+            n = e
+    return n if accesses else 1
+
+
+def _data_operands(ops, n: int) -> list:
+    """Data operands only: a [P, 1] scalar-operand tile does not decide the performance
+    mode (the operands of the largest free size ``n``; all of them if none is)."""
+    return [a for a in ops if a.elems_per_partition == n] or list(ops)
+
+
+def _all_two_byte(data) -> bool:
+    """Every operand is BF16/FP16 (and there is one)."""
+    for a in data:
+        if a.dtype not in _TWO_BYTE_FLOAT:
+            return False
+    return bool(data)
 
 
 def _vector_cycles(api: str, ins: Instruction, p: CostParams, perf_mode: bool) -> float:
     """VectorE (or GpSimd, perf_mode=False) cycles excluding MIN_II ([arch-v2]; [isa-old]; [arch-v3])."""
     ops = (*ins.reads, *ins.writes)
     n = _n_free(ops)
-    # Data operands only: a [P, 1] scalar-operand tile does not decide the performance mode.
-    data = [a for a in ops if a.elems_per_partition == n] or list(ops)
-    dtypes = {a.dtype for a in data}
-    two_byte = bool(dtypes) and dtypes <= _TWO_BYTE_FLOAT
-    any_psum = any(a.buffer == "psum" for a in data)
     if api in ("tensor_copy", "tensor_scalar", "activation", "iota", "memset"):
         cycles = float(n)
-        if perf_mode and two_byte and api in ("tensor_copy", "tensor_scalar"):
-            unit_stride = all(_is_unit_stride(a) for a in data)
-            cycles /= 4.0 if (not any_psum and unit_stride) else 2.0
+        if perf_mode and api in ("tensor_copy", "tensor_scalar"):
+            data = _data_operands(ops, n)
+            if _all_two_byte(data):
+                any_psum, unit_stride = False, True
+                for a in data:
+                    if a.buffer == "psum":
+                        any_psum = True
+                    if a.inner_stride_bytes > a.itemsize:  # not a unit-stride operand
+                        unit_stride = False
+                cycles /= 4.0 if (not any_psum and unit_stride) else 2.0
         return cycles
     if api == "tensor_tensor":
-        in_psum = sum(1 for a in ins.reads if a.buffer == "psum")
-        if in_psum >= 1:
-            return float(n)  # one input streams from PSUM: N, not 2N ([isa-old])
-        if perf_mode and two_byte:
+        for a in ins.reads:
+            if a.buffer == "psum":
+                return float(n)  # one input streams from PSUM: N, not 2N ([isa-old])
+        if perf_mode and _all_two_byte(_data_operands(ops, n)):
             return float(n)  # NC-v3: both SBUF, all BF16/FP16 -> 2x
         return 2.0 * n
     if api == "tensor_reduce":
@@ -491,9 +527,13 @@ def _emulate_allocation(trace: Trace, target: Target, policies: dict[str, str]):
     last: dict[int, int] = {}
     size: dict[int, int] = {}
     kind: dict[int, str] = {}
+    # Only the buffers emulated here ("lru") need their tiles' lifetimes and sizes.
+    emulated = {buf for buf in ("sbuf", "psum") if policies.get(buf, "unbounded") == "lru"}
+    if not emulated:
+        return defaultdict(set), 0
     for ins in trace.instructions:
         for a in (*ins.reads, *ins.writes):
-            if not a.on_chip:
+            if a.buffer not in emulated:
                 continue
             u = a.storage
             if u not in first:
@@ -544,43 +584,56 @@ def _least_recent_fit(live_addr, live_blocks, owners, last, need, capacity):
     Candidates are the edges of every free gap and of every dead tile inside it; the score
     of a position is the latest last-use among the tiles whose bytes it would reuse.
     """
+    # Inlined hot loop: the same candidates, added to the set in the same order and scored
+    # in the set's order (a position's score: the latest last use among the tiles it
+    # overlaps in ``owners``, -1 if none), so the same pick, also on ties.
     best, best_score = None, None
     gap_lo = 0
     bounds = [(a, live_blocks[a][0]) for a in live_addr] + [(capacity, capacity)]
+    n_owners = len(owners)
+    bisect_left = bisect.bisect_left
     for blk_lo, blk_hi in bounds:
         gap_hi = blk_lo
         if gap_hi - gap_lo >= need:
             cands = {gap_lo, gap_hi - need}
-            i = bisect.bisect_left(owners, (gap_lo, -1, -1))
+            add = cands.add
+            top = gap_hi - need  # a candidate c fits when gap_lo <= c <= top
+            i = bisect_left(owners, (gap_lo, -1, -1))
             if i > 0:
                 i -= 1
-            while i < len(owners) and owners[i][0] < gap_hi:
+            while i < n_owners:
                 s, e, _ = owners[i]
-                for c in (s, e, e - need, s - need):
-                    if gap_lo <= c and c + need <= gap_hi:
-                        cands.add(c)
+                if s >= gap_hi:
+                    break
+                if gap_lo <= s <= top:
+                    add(s)
+                if gap_lo <= e <= top:
+                    add(e)
+                if gap_lo <= e - need <= top:
+                    add(e - need)
+                if gap_lo <= s - need <= top:
+                    add(s - need)
                 i += 1
             for c in cands:
-                score = _reuse_score(owners, last, c, c + need)
+                hi = c + need
+                j = bisect_left(owners, (c, -1, -1))
+                if j > 0 and owners[j - 1][1] > c:
+                    j -= 1
+                score = -1
+                while j < n_owners:
+                    o = owners[j]
+                    if o[0] >= hi:
+                        break
+                    lu = last[o[2]]
+                    if lu > score:
+                        score = lu
+                    j += 1
                 if best_score is None or score < best_score or (score == best_score and c < best):
                     best, best_score = c, score
                     if score < 0:
                         return best
         gap_lo = max(gap_lo, blk_hi)
     return best
-
-
-def _reuse_score(owners, last, lo, hi) -> int:
-    i = bisect.bisect_left(owners, (lo, -1, -1))
-    if i > 0 and owners[i - 1][1] > lo:
-        i -= 1
-    score = -1
-    while i < len(owners) and owners[i][0] < hi:
-        lu = last[owners[i][2]]
-        if lu > score:
-            score = lu
-        i += 1
-    return score
 
 
 def _claim(owners: list, lo: int, hi: int, uid: int) -> set:
@@ -609,13 +662,25 @@ def _claim(owners: list, lo: int, hi: int, uid: int) -> set:
 
 
 class _Deps:
-    """Last writers and readers of each storage region, with their end times and units."""
+    """Last writers and readers of each storage region, with their end times and units.
+
+    Speed (the dependency scan is the schedule's hot loop): each Access's region bounds are
+    computed once per trace (by identity: the trace holds every Access while it is
+    scheduled); a read's overlapping live writes are found by a scan of the storage's write
+    table once and then reused (``_read_hits``) until that table changes (a write to the
+    storage or a prune), returned in the table's order, so the producer chosen on equal
+    ready times is the same one; the RAW/WAR/WAW edge and the cover test are inlined.
+    """
 
     def __init__(self) -> None:
         self.writes: dict[int, dict] = defaultdict(dict)  # storage -> {bounds: (end, unit, index)}
         self.reads: dict[int, dict] = defaultdict(
             dict
         )  # storage -> {(bounds, unit): (end, unit, index)}
+        # storage -> {read bounds: [(end, unit, index) of the overlapping writes, in order]}:
+        # valid while the storage's write table is unchanged (dropped on every change).
+        self._read_hits: dict[int, dict] = {}
+        self._bounds_of: dict[int, tuple] = {}  # id(Access) -> _bounds(Access)
 
     @staticmethod
     def _bounds(a: Access):
@@ -655,28 +720,55 @@ class _Deps:
 
     def bounds(self, ins: Instruction):
         """(``_bounds`` of each read, of each write) of ``ins``: computed once per
-        instruction for both ``ready`` and ``record``."""
-        b = self._bounds
-        return [b(a) for a in ins.reads], [b(a) for a in ins.writes]
+        instruction for both ``ready`` and ``record`` (and once per Access of the trace)."""
+        cache = self._bounds_of
+        out = []
+        for accs in (ins.reads, ins.writes):
+            bs = []
+            for a in accs:
+                b = cache.get(id(a))
+                if b is None:
+                    b = cache[id(a)] = self._bounds(a)
+                bs.append(b)
+            out.append(bs)
+        return out
 
     def ready(self, ins: Instruction, unit: str, same_unit_ok: bool, sync: float, bounds=None):
-        """(ready time, binding producer index) from RAW/WAR/WAW on the operands."""
-        # The loops test overlap inline (``_overlap(b, other)``, byte range first): the
-        # scans run over every live region of the storage, the hot loop of the schedule.
+        """(ready time, binding producer index) from RAW/WAR/WAW on the operands.
+
+        The edge of a producer: on the same engine (not DMA) a WAR/WAW needs nothing and a
+        RAW waits for the result (pipeline latency, A12) except on TensorE
+        (``same_unit_ok``), whose PSUM accumulation is in order; else its end plus ``sync``.
+        """
+        # The loops test overlap inline (``_overlap(b, other)``, byte range first).
         read_bounds, write_bounds = bounds if bounds is not None else self.bounds(ins)
         t, who = 0.0, -1
-        edge = self._edge
+        in_order = unit != "dma"
+        all_hits = self._read_hits
         for a, b in zip(ins.reads, read_bounds):
-            p0, p1, lo, hi, stride, c0, c1 = b
-            for (q0, q1, qlo, qhi, qs, d0, d1), (end, wunit, widx) in self.writes[
-                a.storage
-            ].items():
-                if lo < qhi and qlo < hi and p0 < q1 and q0 < p1:
-                    if stride and stride == qs and not (c0 < d1 and d0 < c1):
-                        continue
-                    e = edge(end, wunit, unit, same_unit_ok, sync, raw=True)
-                    if e > t:
-                        t, who = e, widx
+            st = a.storage
+            hits_of = all_hits.get(st)
+            if hits_of is None:
+                hits_of = all_hits[st] = {}
+            hits = hits_of.get(b)
+            if hits is None:
+                p0, p1, lo, hi, stride, c0, c1 = b
+                hits = []
+                w = self.writes.get(st)
+                if w:
+                    for (q0, q1, qlo, qhi, qs, d0, d1), v in w.items():
+                        if lo < qhi and qlo < hi and p0 < q1 and q0 < p1:
+                            if stride and stride == qs and not (c0 < d1 and d0 < c1):
+                                continue
+                            hits.append(v)
+                hits_of[b] = hits
+            for end, wunit, widx in hits:
+                if wunit == unit and in_order:
+                    e = 0.0 if same_unit_ok else end
+                else:
+                    e = end + sync
+                if e > t:
+                    t, who = e, widx
         for a, b in zip(ins.writes, write_bounds):
             p0, p1, lo, hi, stride, c0, c1 = b
             st = a.storage
@@ -684,14 +776,14 @@ class _Deps:
                 if lo < qhi and qlo < hi and p0 < q1 and q0 < p1:
                     if stride and stride == qs and not (c0 < d1 and d0 < c1):
                         continue
-                    e = edge(end, wunit, unit, same_unit_ok, sync, raw=False)
+                    e = 0.0 if (wunit == unit and in_order) else end + sync
                     if e > t:
                         t, who = e, widx
             for ((q0, q1, qlo, qhi, qs, d0, d1), _), (end, runit, ridx) in self.reads[st].items():
                 if lo < qhi and qlo < hi and p0 < q1 and q0 < p1:
                     if stride and stride == qs and not (c0 < d1 and d0 < c1):
                         continue
-                    e = edge(end, runit, unit, same_unit_ok, sync, raw=False)
+                    e = 0.0 if (runit == unit and in_order) else end + sync
                     if e > t:
                         t, who = e, ridx
         return t, who
@@ -708,13 +800,33 @@ class _Deps:
 
     def record(self, ins: Instruction, unit: str, end: float, bounds=None) -> None:
         read_bounds, write_bounds = bounds if bounds is not None else self.bounds(ins)
+        hits = self._read_hits
         for a, b in zip(ins.writes, write_bounds):
             st = a.storage
+            hits.pop(st, None)  # the write table changes: cached read overlaps are stale
             w = self.writes[st]
-            for ob in [ob for ob in w if self._covers(b, ob)]:
-                del w[ob]
             r = self.reads[st]
-            for key in [key for key in r if self._covers(b, key[0])]:
+            # Drop the regions ``b`` covers (``_covers(b, region)``, inlined; plain loops,
+            # no comprehension call per write).
+            dead = []
+            if b[4]:  # strided HBM tile: only an identical region is covered
+                w.pop(b, None)
+                for key in r:
+                    if key[0] == b:
+                        dead.append(key)
+            else:
+                p0, p1, lo, hi = b[0], b[1], b[2], b[3]
+                for ob in w:
+                    if not ob[4] and p0 <= ob[0] and ob[1] <= p1 and lo <= ob[2] and ob[3] <= hi:
+                        dead.append(ob)
+                for ob in dead:
+                    del w[ob]
+                dead = []
+                for key in r:
+                    q = key[0]
+                    if not q[4] and p0 <= q[0] and q[1] <= p1 and lo <= q[2] and q[3] <= hi:
+                        dead.append(key)
+            for key in dead:
                 del r[key]
             w[b] = (end, unit, ins.index)
         for a, b in zip(ins.reads, read_bounds):
@@ -736,6 +848,7 @@ class _Deps:
         )
 
     def prune(self, horizon: float) -> None:
+        self._read_hits.clear()
         for table in (self.writes, self.reads):
             for st in list(table):
                 d = table[st]
@@ -900,6 +1013,9 @@ def model_trace(
     desc = float(p.dma_descriptor_bytes)
     t_xfer = float(p.dma_transfer_ns)
     prune_every = 8192
+    # _tensor_cost by everything it reads (the API and attributes, the first read's partition
+    # count when K is not given): a kernel repeats a few matmul shapes thousands of times.
+    pe_costs: dict[tuple, tuple[float, float, float, float]] = {}
     pending: dict[int, tuple[int, float, int]] = {}  # core -> (index, arrival, producer)
 
     for idx, ins in enumerate(instrs):
@@ -929,7 +1045,23 @@ def model_trace(
 
         if unit != "dma":
             if unit == "pe":
-                ii, lat, raw, equiv = _tensor_cost(ins, p)
+                a = ins.attrs
+                key = (
+                    ins.api,
+                    a.get("K"),
+                    a.get("M"),
+                    a.get("N"),
+                    a.get("stationary_dtype"),
+                    a.get("moving_dtype"),
+                    a.get("is_transpose"),
+                    a.get("tiling"),
+                    a.get("mx"),
+                    None if "K" in a or not ins.reads else ins.reads[0].partitions,
+                )
+                cost = pe_costs.get(key)
+                if cost is None:
+                    cost = pe_costs[key] = _tensor_cost(ins, p)
+                ii, lat, raw, equiv = cost
                 is_t = bool(ins.attrs.get("is_transpose")) or ins.api.endswith("nc_transpose")
                 flops["transpose" if is_t else "matmul"] += raw
                 if not is_t:
@@ -1003,9 +1135,10 @@ def model_trace(
             core.remaining["q:" + q] -= 1
 
         deps.record(ins, unit, end[idx], bounds)
+        done = end[idx]
         for a in (*ins.reads, *ins.writes):
-            if a.on_chip and storage_end.get(a.storage, 0.0) < end[idx]:
-                storage_end[a.storage] = end[idx]
+            if a.buffer in _ON_CHIP and storage_end.get(a.storage, 0.0) < done:  # (on_chip)
+                storage_end[a.storage] = done
 
         if idx % prune_every == prune_every - 1:
             horizons = [

@@ -16,11 +16,18 @@ Checks:
         a Trn2 logical core, each taking its share by ``nl.program_id``) on the op's probe
         problem, against its float64 reference, held to the op's tolerance. Skipped (one
         line) where the target or ``NEURON_LOGICAL_NC_CONFIG`` does not launch at LNC=2.
-    flash_attention, rms_norm, matmul, FusedAdamW: the op on the ``neuron`` device, eagerly
-        and under ``torch.compile(backend="neuron", fullgraph=True)`` (the optimizer step
-        compiled as a function), against the same computation in plain torch on CPU in
-        float64, held to the op's declared tolerance for the dtype. Without torch-neuronx
+    flash_attention, flash_attention_varlen, rms_norm, matmul, FusedAdamW: the op on the
+        ``neuron`` device, eagerly and under ``torch.compile(backend="neuron",
+        fullgraph=True)`` (the optimizer step compiled as a function), against the same
+        computation in plain torch on CPU in float64, held to the op's declared tolerance
+        for the dtype. Without torch-neuronx
         these run on CPU tensors, the kernels on the NKI interpreter, with ``aot_eager``.
+    flash_attention window / softcap / sinks / padding mask / dropout: one line each, the
+        op eagerly with a causal sliding window (64, 0), a logit softcap of 30, per-head
+        attention sinks, a bool ``[B, 1, 1, Sk]`` padding mask or dropout 0.1, its
+        output and its gradients (q, k, v, and the sinks) through autograd (the backward
+        kernel) against fp64 autograd of the reference on CPU, held to the forward's and
+        the backward op's declared tolerances.
 """
 
 from __future__ import annotations
@@ -44,6 +51,19 @@ from neuron_kernels.torch_ops.optim import FusedAdamW
 # Small problems: quick on the interpreter, still several tiles and the GQA/causal paths.
 PROBLEMS = {
     "flash_attention": {"b": 1, "h": 2, "hkv": 1, "sq": 256, "sk": 256, "d": 64, "causal": True},
+    # 3 causal sequences packed to 300 rows (one cu_seqlens tensor: the band is skipped)
+    "flash_attention_varlen": {
+        "n": 3,
+        "total_q": 300,
+        "total_k": 300,
+        "h": 2,
+        "hkv": 1,
+        "d": 64,
+        "max_q": 160,
+        "max_k": 160,
+        "causal": True,
+        "same_packing": True,
+    },
     "rms_norm": {"rows": 256, "h": 512},
     "matmul": {"m": 256, "k": 512, "n": 512},
 }
@@ -85,6 +105,56 @@ def _op_check(name: str, dtype: str, device: str, fn):
 
     def check():
         return _within(fn(*on_device), want, spec.tolerances[dtype])
+
+    return check
+
+
+# The attention features, each on the flash_attention problem above (causal).
+FEATURES = {
+    "window": {"window_left": 64, "window_right": 0},
+    "softcap": {"softcap": 30.0},
+    "sinks": {"sinks": True},
+    "padding mask": {"mask": "bool", "mask_dims": "b11k"},
+    "dropout": {"dropout_p": 0.1},
+}
+
+
+def _feature_check(extra: dict, dtype: str, device: str):
+    """flash_attention with one feature, eagerly on ``device``: its output and its
+    gradients (q, k, v, sinks) through autograd against fp64 autograd of the reference."""
+    spec = REGISTRY["flash_attention"]
+    bwd = REGISTRY["flash_attention_bwd"]
+    args = spec.make_inputs(
+        {**PROBLEMS["flash_attention"], **extra}, dtype, torch.Generator().manual_seed(0)
+    )
+    weight = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(1))
+
+    def leaves(to):
+        """The inputs moved to ``to`` (a dtype or a device), float tensors as autograd
+        leaves; the others (a bool mask, the dropout seed) keep their dtype."""
+        out = []
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                a = a.detach().to(to).requires_grad_(True)
+            elif isinstance(a, torch.Tensor) and not isinstance(to, torch.dtype):
+                a = a.to(to)
+            out.append(a)
+        return out
+
+    def check():
+        ref_leaves = leaves(torch.float64)
+        ref = spec.reference(*ref_leaves, upcast=True)
+        (ref * weight.double()).sum().backward()
+        ours = leaves(device)
+        window = list(ours[5]) if ours[5] is not None else None
+        out = torch.ops.neuron.flash_attention(*ours[:5], window, *ours[6:])
+        (out.float() * weight.to(device)).sum().backward()
+        results = [_within(out, ref, spec.tolerances[dtype])]
+        for got, want in zip(ours, ref_leaves):
+            if isinstance(got, torch.Tensor) and got.requires_grad:
+                results.append(_within(got.grad, want.grad, bwd.tolerances[dtype]))
+        worst = max(results, key=lambda r: float(r[1].split()[2]))
+        return all(ok for ok, _ in results), worst[1]
 
     return check
 
@@ -171,6 +241,11 @@ def _op_checks(dtype: str) -> bool:
         "flash_attention": lambda q, k, v, causal, scale, *features: (
             torch.ops.neuron.flash_attention(q, k, v, causal, scale, *features)
         ),
+        "flash_attention_varlen": lambda q, k, v, cu_q, cu_k, mq, mk, causal, scale: (
+            torch.ops.neuron.flash_attention_varlen(
+                q, k, v, cu_q, cu_k, mq, mk, causal=causal, softmax_scale=scale
+            )
+        ),
         "rms_norm": lambda x, w, eps, offset, mode: torch.ops.neuron.rms_norm(
             x, w, eps, offset, mode
         ),
@@ -183,6 +258,8 @@ def _op_checks(dtype: str) -> bool:
             compiled = torch.compile(fn, backend=backend, fullgraph=True)
             ok &= _report(f"{name} eager", _op_check(name, dtype, device, fn))
             ok &= _report(f"{name} compiled", _op_check(name, dtype, device, compiled))
+        for feature, extra in FEATURES.items():
+            ok &= _report(f"flash_attention {feature}", _feature_check(extra, dtype, device))
         ok &= _report("FusedAdamW eager", _adamw_check(dtype, device, lambda o: o.step()))
         ok &= _report(
             "FusedAdamW compiled",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from neuron_kernels.hardware import Target
-from neuron_kernels.interpreter.trace import Access, Instruction, Trace
+from neuron_kernels.interpreter.trace import Instruction, Trace
 
 if TYPE_CHECKING:
     from neuron_kernels.interpreter.tensor import NkiTensor, Storage
@@ -47,6 +47,11 @@ class Launch:
     # views of every instruction (index -> (reads, writes)) for the race check (races.py).
     cores: Any = None
     hbm_views: dict[int, tuple[tuple[NkiTensor, ...], tuple[NkiTensor, ...]]] | None = None
+    # PSUM bytes per partition one tile may take (memory._usable_psum_bytes, read once)
+    usable_psum_bytes: int | None = None
+    # (shape, strides, buffer, engine, write) of compute-engine operands that passed
+    # OperandChecks.engine_operand's checks on this launch's target
+    operands_passed: set = field(default_factory=set)
 
     def new_storage_id(self) -> int:
         self.next_storage_id += 1
@@ -88,20 +93,49 @@ class ProgramInstance:
         **attrs,
     ) -> Instruction:
         """Append one instruction to the trace and mark the liveness of its operands."""
+        return self.record_attrs(api, engine, reads, writes, name, attrs)
+
+    def record_attrs(
+        self,
+        api: str,
+        engine: str,
+        reads: tuple[NkiTensor, ...] | list[NkiTensor],
+        writes: tuple[NkiTensor, ...] | list[NkiTensor],
+        name: str | None,
+        attrs: dict,
+    ) -> Instruction:
+        """:meth:`record` with the attributes as one dict (the instructions' hot path: no
+        keyword re-packing); the trace keeps ``attrs`` itself."""
         instructions = self.launch.trace.instructions
         index = len(instructions)
-        read_acc = tuple([_touch(t, index) for t in reads])
-        write_acc = tuple([_touch(t, index) for t in writes])
+        # _touch of each operand, inlined (per traced operand: the trace's hot loop)
+        read_acc = []
+        for t in reads:
+            storage = t._storage
+            if storage.first_use < 0:
+                storage.first_use = index
+            storage.last_use = index
+            acc = t._acc
+            read_acc.append(acc if acc is not None else t._access())
+        write_acc = []
+        for t in writes:
+            storage = t._storage
+            if storage.first_use < 0:
+                storage.first_use = index
+            storage.last_use = index
+            acc = t._acc
+            write_acc.append(acc if acc is not None else t._access())
         ins = Instruction(
-            index=index,
-            api=api,
-            engine=engine,
-            reads=read_acc,
-            writes=write_acc,
-            program_id=self.program_id,
-            attrs=attrs,
-            name=name,
-            core=self.core,
+            index,
+            api,
+            engine,
+            tuple(read_acc),
+            tuple(write_acc),
+            self.program_id,
+            attrs,
+            [],
+            name,
+            self.core,
         )
         instructions.append(ins)
         views = self.launch.hbm_views
@@ -111,14 +145,6 @@ class ProgramInstance:
             if hbm_reads or hbm_writes:
                 views[index] = (hbm_reads, hbm_writes)
         return ins
-
-
-def _touch(tensor: NkiTensor, index: int) -> Access:
-    storage = tensor._storage
-    if storage.first_use < 0:
-        storage.first_use = index
-    storage.last_use = index
-    return tensor._access()
 
 
 def current() -> ProgramInstance:

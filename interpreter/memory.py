@@ -73,7 +73,7 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
         if buffer is MemoryRegion.sbuf:
             cap, what = target.sbuf_usable_bytes, "usable SBUF"
         else:
-            cap, what = usable_psum_banks(target) * target.psum_bank_bytes, "usable PSUM"
+            cap, what = _usable_psum_bytes(sim.launch), "usable PSUM"
         if per_partition > cap:
             raise NkiValidationError(
                 api,
@@ -112,10 +112,21 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
         launch.shared_allocations.append(storage)
     if on_chip:
         sim.on_chip.append(storage)
-    return NkiTensor._make(storage, shape, _contiguous_strides(shape), 0, dtype, storage.name)
+    return NkiTensor._make(storage, shape, storage.full_strides, 0, dtype, storage.name)
 
 
 _PREFIX = {b: b.value for b in MemoryRegion}
+
+
+def _usable_psum_bytes(launch) -> int:
+    """PSUM bytes per partition a tile of this launch may take: the target's usable banks,
+    read once per launch (one compile: the compiler reads NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE
+    at each compile) instead of once per PSUM allocation."""
+    cap = launch.usable_psum_bytes
+    if cap is None:
+        target = launch.target
+        cap = launch.usable_psum_bytes = usable_psum_banks(target) * target.psum_bank_bytes
+    return cap
 
 
 @dataclass(frozen=True)

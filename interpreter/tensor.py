@@ -93,6 +93,11 @@ class DynamicSlice:
 
 # PSUM per-element state for nc_matmul accumulate inference.
 PSUM_UNWRITTEN, PSUM_VALUE_WRITTEN, PSUM_MATMUL_WRITTEN = 0, 1, 2
+# Storage.psum_state of a PSUM tile whose state array is not allocated yet (never written
+# through a view of part of it): empty, never written to.
+_PSUM_STATE_UNALLOCATED = np.zeros(0, dtype=np.uint8)
+_PSUM_STATE_UNALLOCATED.flags.writeable = False
+_BUFFER_VALUE = {b: b.value for b in MemoryRegion}
 
 
 class Storage:
@@ -110,6 +115,8 @@ class Storage:
         "shape",
         "name",
         "psum_state",
+        "psum_fill",
+        "full_strides",
         "first_use",
         "last_use",
         "host",
@@ -137,14 +144,14 @@ class Storage:
         self.precise_fp = precise_fp
         self.compute = compute
         self.size = math.prod(self.shape)
-        self.itemsize = dtypes.info(dtype).itemsize
+        self.itemsize = dtypes.DTYPES[dtype].itemsize
         # Elements per partition (on-chip); the partition stride of a fresh view.
         self.partition_elems = math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
         self.bytes_per_partition = self.partition_elems * self.itemsize
         # Everything a view's bounds check and trace record read from the storage (besides
         # its identity): the key of the per-geometry caches of __getitem__ and _access.
         self.geometry = (self.shape, self.itemsize, self.on_chip)
-        self.buffer_value = buffer.value  # MemoryRegion.value is an enum property (slow)
+        self.buffer_value = _BUFFER_VALUE[buffer]  # MemoryRegion.value: an enum property (slow)
         # (shape, strides, offset, dtype) -> Access of a view: equal views share one frozen
         # record. Released with the last view (NkiTensor.__del__).
         self.accesses = None
@@ -153,9 +160,15 @@ class Storage:
                 self.size, dtypes.sentinel(dtype), dtype=dtypes.storage_dtype(dtype, precise_fp)
             )
         self.array = array if compute else None
-        self.psum_state = (
-            np.zeros(self.size, dtype=np.uint8) if buffer is MemoryRegion.psum else None
-        )
+        # PSUM: the per-element state array, allocated when first needed (an empty
+        # placeholder until then); None for other buffers and once no view is left.
+        self.psum_state = _PSUM_STATE_UNALLOCATED if buffer is MemoryRegion.psum else None
+        # While every element of the tile has one PSUM state, that state (the array's
+        # content is then stale or not allocated); None once views wrote different states
+        # (the array holds them). Writes through a view of the whole tile keep it uniform
+        # without touching the array (NkiTensor._psum_set).
+        self.psum_fill = PSUM_UNWRITTEN if self.psum_state is not None else None
+        self.full_strides = _contiguous_strides(self.shape)  # a fresh view's strides
         self.first_use = -1
         self.last_use = -1
         self.written = False
@@ -266,7 +279,10 @@ class NkiTensor(NKIObject):
 
     @property
     def elems_per_partition(self) -> int:
-        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+        shape = self.shape
+        if len(shape) == 2:  # the common tile (no slice, no product)
+            return shape[1]
+        return math.prod(shape[1:]) if len(shape) > 1 else 1
 
     @property
     def free_size(self) -> int:
@@ -337,18 +353,22 @@ class NkiTensor(NKIObject):
             return np.zeros(self.shape, dtype=self._np_dtype())
         return np.array(self._array())
 
-    def _read_f32(self) -> np.ndarray:
-        """A copy of the values as fp32 (zeros when the launch does not compute)."""
+    def _check_numeric_read(self) -> None:
+        """The refusal of :meth:`_read_f32` / :meth:`_view_f32`: packed x4 values are no
+        numbers (checked also when a trace-only launch reads no values)."""
         if dtypes.DTYPES[self.dtype].kind == "packed":
             dtypes.refuse_packed(self.dtype, "a numeric read")
+
+    def _read_f32(self) -> np.ndarray:
+        """A copy of the values as fp32 (zeros when the launch does not compute)."""
+        self._check_numeric_read()
         if not self._storage.compute:
             return np.zeros(self.shape, dtype=np.float32)
         return self._array().astype(np.float32)
 
     def _view_f32(self) -> np.ndarray:
         """The values as fp32 for reading only: a view when stored as fp32, else a copy."""
-        if dtypes.DTYPES[self.dtype].kind == "packed":
-            dtypes.refuse_packed(self.dtype, "a numeric read")
+        self._check_numeric_read()
         if not self._storage.compute:
             return np.zeros(self.shape, dtype=np.float32)
         arr = self._array()
@@ -367,7 +387,7 @@ class NkiTensor(NKIObject):
                 self._array()[...] = values
         self._storage.written = True
         if self._storage.psum_state is not None:
-            self._psum_state()[...] = PSUM_VALUE_WRITTEN
+            self._psum_set(PSUM_VALUE_WRITTEN)
 
     def _write(self, values, *, raw: bool = False) -> None:
         """Write values (same number of elements, row-major) through this view.
@@ -386,7 +406,7 @@ class NkiTensor(NKIObject):
         self._storage.written = True
         if self._storage.psum_state is not None:
             # A non-matmul write ends any accumulation group; nc_matmul re-marks its own.
-            self._psum_state()[...] = PSUM_VALUE_WRITTEN
+            self._psum_set(PSUM_VALUE_WRITTEN)
 
     def _element_index(self, api: str, skip: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Storage element (in this dtype) of every element of an indirect view, and which
@@ -445,13 +465,44 @@ class NkiTensor(NKIObject):
             raise not_implemented(
                 "PSUM writes through a view reinterpreted to another element size"
             )
+        st = self._storage
+        if st.psum_fill is not None:  # uniform until now: the array takes over
+            if st.psum_state is _PSUM_STATE_UNALLOCATED:
+                st.psum_state = np.empty(st.size, dtype=np.uint8)
+            st.psum_state.fill(st.psum_fill)
+            st.psum_fill = None
         return np.ndarray(
             self.shape,
             dtype=np.uint8,
-            buffer=self._storage.psum_state,
+            buffer=st.psum_state,
             offset=self.offset,
             strides=self.strides,
         )
+
+    def _psum_uniform(self) -> int | None:
+        """The PSUM state every element of this view has when the whole tile has one (no
+        array is read), else None (read :meth:`_psum_state`)."""
+        if self.itemsize != self._storage.itemsize:
+            raise not_implemented(
+                "PSUM writes through a view reinterpreted to another element size"
+            )
+        return self._storage.psum_fill
+
+    def _psum_set(self, state: int) -> None:
+        """Set the PSUM state of every element of this view to ``state``: a view of the
+        whole tile (its shape and row-major strides at offset 0, same element size) makes
+        the tile uniform without writing the array; any other view writes its elements."""
+        st = self._storage
+        if (
+            st.psum_state is not None
+            and self.offset == 0
+            and self.shape == st.shape
+            and self.strides == st.full_strides
+            and self.itemsize == st.itemsize
+        ):
+            st.psum_fill = state
+        else:
+            self._psum_state()[...] = state
 
     # -- bounds and trace records --------------------------------------------------
     def _extent(self) -> tuple[int, int]:

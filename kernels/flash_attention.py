@@ -9,7 +9,8 @@ q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` with ``H % Hkv == 0`` (GQA/MQA:
 
 The contract both directions keep:
     - ``lse [B, H, Sq]`` float32 is ``log(sum_j exp(scale * q_i . k_j))`` over the unmasked
-      ``j`` (natural log, scale included): the one layout the backward consumes.
+      ``j`` (natural log, scale included; the capped scores with a softcap, plus
+      ``exp(sink_h)`` with sinks, below): the one layout the backward consumes.
     - causal with ``Sq != Sk`` aligns to the bottom-right corner (FlashAttention 2): query
       ``i`` sees key ``j`` iff ``j <= i + (Sk - Sq)``. When ``Sq > Sk`` the first
       ``Sq - Sk`` query rows see no key: such fully masked rows give ``out = 0`` and
@@ -27,23 +28,39 @@ The contract both directions keep:
       first); lse is over the capped scores; the backward multiplies by
       ``d(capped)/ds = 1 - tanh^2``. The kernels keep ``t = tanh(s / softcap)`` (ScalarE's
       tanh, reading PSUM) in SBUF and exponentiate ``softcap * t``. 0 is off.
+    - ``sinks [H]`` (gpt-oss; float32 or q's dtype): one learned logit per query head
+      that joins every row's softmax denominator: ``lse_i = log(sum_j exp(s_ij) +
+      exp(sink_h))`` (so lse includes the sink, and the backward's ``P = exp(s - lse)``
+      stays right), ``out_i = sum_j exp(s_ij - lse_i) v_j``. A sink of -inf is no sink. A
+      row that sees no key gets ``out = 0`` and ``lse = sink_h``. The kernels fold the sink
+      into the row max (``max(m, sink)``) and the row sum. Its gradient
+      ``dsink_h = -sum_{b,i} exp(sink_h - lse_{b,h,i}) D_{b,h,i}`` with
+      ``D_i = sum_d dO_id O_id``: the backward kernel writes each row's term from the
+      ``-lse`` and ``-D`` columns it already holds, and the op sums them over (b, i) in
+      torch (a head's rows lie in several query passes and, at LNC=2, on both cores; an
+      in-kernel sum would need a cross-core reduction for one scalar per head).
+      ``flash_attention_bwd`` returns ``(dq, dk, dv, dsinks)``, dsinks in sinks' dtype, an
+      empty float32 tensor without sinks.
     - ``attn_mask`` (torch's: broadcastable to ``[B, H, Sq, Sk]``; bool True attends, or
       float in q's dtype / fp32) is added to the scaled scores after the softcap
       (``softcap * tanh(s / softcap) + m``, as Gemma 2 and HF's eager attention add their
       mask) and intersects causal and the window. Float entries ``<= MASK_FILL`` (-1e30,
       -inf) mask their key; rows whose every score ends ``<= MASK_FILL / 2`` see nothing:
-      ``out = 0``, ``lse = -inf``, no gradient. The kernels read the mask tile by tile,
-      broadcast dims at stride 0; a mask without a query dim (and no softcap) is a
-      ``[1, Sk]`` bias row per head added to S in PSUM by a K=1 matmul (``add_row_mask``),
-      others are applied as each score tile leaves PSUM. Its gradient is not computed
-      (a float mask that requires grad is refused).
+      ``out = 0``, ``lse = -inf`` (``sink_h`` with sinks), no gradient. The kernels read
+      the mask tile by tile, broadcast dims at stride 0; a mask without a query dim (and no
+      softcap) is a ``[1, Sk]`` bias row per head added to S in PSUM by a K=1 matmul
+      (``add_row_mask``), others are applied as each score tile leaves PSUM. Its gradient
+      is not computed (a float mask that requires grad is refused).
     - ``dropout_p`` in [0, 1): ``out = dropout(softmax(S)) V`` with the kept weights scaled
-      by ``1 / (1 - p)``; lse stays the undropped softmax's. A score is kept iff its 16
-      bits of ``hash32((j >> 1) ^ row_key)`` (low half for even ``j``, high half for odd)
-      are ``>= round(p * 2^16)``; the row keys are ``dropout_row_keys(dropout_seed, ...)``,
-      from the int64 ``[2]`` (seed, offset) tensor, ``b``, ``h`` and ``i``
-      (:mod:`.counter_hash`, the AdamW step's hash). ``dropout_keep`` is the torch mirror;
-      the backward replays the same draw from the same seed.
+      by ``1 / (1 - p)``; lse stays the undropped softmax's (sinks included). A score is
+      kept iff its 16 bits of ``hash32((j >> 1) ^ row_key)`` (low half for even ``j``,
+      high half for odd) are ``>= round(p * 2^16)``; the row keys are
+      ``dropout_row_keys(dropout_seed, ...)``, from the int64 ``[2]`` (seed, offset)
+      tensor, ``b``, ``h`` and ``i`` (:mod:`.counter_hash`, the AdamW step's hash).
+      ``dropout_keep`` is the torch mirror; the backward replays the same draw from the
+      same seed.
+    - The mask and dropout are BHSD-only: the plans refuse them with run-time key bounds
+      or packed rows (the varlen ops, which take neither).
 
 The forward kernel, two-pass softmax (the default; K/V resident in SBUF)::
 
@@ -115,14 +132,18 @@ __all__ = [
     "FlashAttentionConfig",
     "FlashAttentionPlan",
     "attention_reference",
+    "bounds_bytes",
     "causal_visible",
     "dead_rows",
     "flash_attention_fwd_kernel",
     "key_bounds",
+    "load_bounds",
+    "mask_bounds",
     "mask_window",
     "matmul_over_d",
     "plan",
     "resolve_scale",
+    "runtime_bounds_mode",
     "tile_visibility",
     "transpose_blocks",
     "validate_attention",
@@ -609,6 +630,12 @@ def apply_attn_mask(scores, attn_mask, b, hkv, groups, sq, sk):
 
 # -- tunables and the tile plan -----------------------------------------------------------
 
+# Two-pass with a softcap: key tiles whose max pass (tanh on ScalarE) is issued at once.
+# Modeled: each switch of ScalarE's activation table between tanh and exp costs 1.3 us
+# (cost_model act_table_switch_ns, an unpublished, low-confidence figure); in bursts of 16
+# the switches cost 2 per 16 key tiles, not 2 per key tile.
+MAX_BURST = 16
+
 # Masked scores (already scaled) become this: exp(MASK_FILL - max) is exactly 0 in fp32, and
 # unlike -inf it never meets another infinity in `max - max` on a row with no visible key.
 MASK_FILL = -1.0e30
@@ -725,6 +752,7 @@ class FlashAttentionPlan(nl.NKIObject):
     softmax: str  # "two_pass" (K/V resident) or "online" (the config's, or online if streamed)
     p_dma_tiles: int  # two-pass: key tiles of every 4 whose P^T is made by DMA (0: none)
     lead: int  # two-pass: key tiles the max pass runs ahead of the exp pass
+    max_burst: int  # two-pass: key tiles whose max pass is issued at once (softcap: > 1)
     lag_transpose: int  # two-pass: key tiles P^T runs behind its exp
     lag_pv: int  # two-pass: key tiles P V runs behind its exp
     lag_close: int  # two-pass: key tiles a query tile's close runs behind its exp
@@ -734,6 +762,13 @@ class FlashAttentionPlan(nl.NKIObject):
     core_groups: tuple  # per core, its work: ((b, kv head, ((head, q0), ...)), ...)
     sbuf_bytes: int
     psum_banks: int
+    # Packed rows (varlen): q, k, v and out are [B, S, heads, D] in HBM, read and written
+    # through BHSD views (a row stride of heads * D), never copied.
+    packed: bool = False
+    # Run-time key bounds (varlen): "" none; else each query row's visible keys [lo, hi)
+    # are kernel data (:func:`load_bounds`) and every score tile is masked with them
+    # (:func:`mask_bounds`): "range_select" (NeuronCore-v3+) or "iota" (v2).
+    runtime_bounds: str = ""
 
 
 def score_features(problem: dict) -> dict:
@@ -834,6 +869,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     scale = resolve_scale(problem.get("scale"), d)
     features = score_features(problem)
     stored_mask = bool(features["mask"]) and not features["mask_row"]
+    bounded = runtime_bounds_mode(problem, target)
+    refuse_bounds_features(OP, problem, features)
     if config.load_transpose == "dma":
         target.check_dma_transpose(OP, "config load_transpose", dtype, ITEMSIZE[dtype])
     if config.k_tile > target.psum_bank_fmax or config.k_tile > target.gemm_moving_fmax:
@@ -876,27 +913,35 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     p_dma_tiles = config.p_dma_tiles if dma_ok else 0
     key_tiles = ceil_div(sk, config.k_tile)
     lead, lag_t, lag_pv, lag_close, q_prefetch = key_tiles + 1, 2, 6, 7, 4
+    if left >= 0:
+        # A left edge adds up to 4 spans to a query tile (the edges' tiles split into
+        # masked and raw runs); the max pass must still end before the tile's first exp.
+        lead += 4
+    # softcap: the max pass's tanh (ScalarE) runs in bursts of max_burst key tiles, so the
+    # activation table switches between tanh and exp once per burst, not per key tile.
+    # The longest burst (16, 8, .., 1) whose scores held from max pass to exp fit SBUF.
+    max_burst = MAX_BURST if softcap > 0 and softmax == "two_pass" else 1
+    while softmax == "two_pass" and max_burst > 1:
+        lags = (lead + max_burst - 1, q_prefetch, lag_pv, lag_close)
+        budget = _two_pass_budget(sk, d, d_tiles, q_tile, item, True, config, kv_chunks, lags)
+        extra = feature_bytes(features, config.k_tile, max_burst, h, hkv, sk)
+        if budget[0] + extra <= target.sbuf_usable_bytes:
+            break
+        max_burst //= 2
     if softmax == "two_pass":
-        lags = (lead, q_prefetch, lag_pv, lag_close)
+        lags = (lead + max_burst - 1, q_prefetch, lag_pv, lag_close)
         sbuf, banks = _two_pass_budget(
             sk,
             d,
             d_tiles,
             q_tile,
             item,
-            left >= 0 or right >= 0 or softcap > 0 or stored_mask,
+            left >= 0 or right >= 0 or softcap > 0 or stored_mask or bool(bounded),
             config,
             kv_chunks,
             lags,
         )
-    # A mask tile (4 bytes per key at most) per step in flight (two); dropout's hash tiles
-    # (x, y: 4 bytes per pair of keys; bits: 4 per key) of the steps its pipeline runs
-    # ahead, and the launch's key iota.
-    sbuf += 2 * config.k_tile * 4 * stored_mask
-    if features["dropout"]:
-        sbuf += (DROPOUT_STAGES + 1) * config.k_tile * 8 + config.k_tile * 4
-    if features["mask_row"]:  # the group's bias rows (and their raw loads), on one partition
-        sbuf += (h // hkv if features["mask_dims"][1] else 1) * sk * 8 if hkv else 0
+    sbuf += feature_bytes(features, config.k_tile, max_burst, h, hkv, sk)
     return FlashAttentionPlan(
         b=b,
         h=h,
@@ -925,6 +970,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         softmax=softmax,
         p_dma_tiles=p_dma_tiles,
         lead=lead,
+        max_burst=max_burst,
         lag_transpose=lag_t,
         lag_pv=lag_pv,
         lag_close=lag_close,
@@ -934,9 +980,63 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         core_groups=split_groups(
             b, hkv, h // hkv, *query_tiles(h // hkv, sq, sk, q_tile, causal, window), lnc
         ),
-        sbuf_bytes=sbuf,
+        sbuf_bytes=sbuf + bounds_bytes(bounded, sq, q_tile),
         psum_banks=banks,
+        packed=bool(problem.get("packed", False)),
+        runtime_bounds=bounded,
     )
+
+
+def feature_bytes(features: dict, k_tile: int, burst: int, h: int, hkv: int, sk: int) -> int:
+    """SBUF bytes per partition of the forward's mask and dropout (:func:`score_features`):
+    the mask tiles in flight (4 bytes per key at most), loaded MASK_PREFETCH steps ahead of
+    the earliest max burst (of ``burst`` key tiles) that reads them; dropout's hash tiles
+    (x, y: 4 bytes per pair of keys; bits: 4 per key) of the steps its pipeline runs ahead,
+    and the launch's key iota; a row mask's bias rows of the group (and their raw loads),
+    on one partition. 0 for plain attention."""
+    stored_mask = bool(features["mask"]) and not features["mask_row"]
+    out = (MASK_PREFETCH + burst - 1) * k_tile * 4 * stored_mask
+    if features["dropout"]:
+        out += (DROPOUT_STAGES + 1) * k_tile * 8 + k_tile * 4
+    if features["mask_row"]:
+        out += (h // hkv if features["mask_dims"][1] else 1) * sk * 8 if hkv else 0
+    return out
+
+
+def refuse_bounds_features(op: str, problem: dict, features: dict) -> None:
+    """Run-time key bounds and packed rows (the varlen ops) take no attention mask and no
+    dropout: both plans refuse the combination (the varlen ops never ask for it), naming
+    the feature. The kernels' mask and dropout read BHSD row indices; a packed batch's
+    rows are offsets into the packed sequence, and its bounds already mask by sequence."""
+    varlen = "runtime_bounds" if problem.get("runtime_bounds") else ""
+    varlen = varlen or ("packed" if problem.get("packed") else "")
+    if not varlen:
+        return
+    if features["mask"]:
+        raise LimitError(
+            op, "attn_mask", f"is not supported with {varlen} (varlen) attention", "a mask"
+        )
+    if features["dropout"]:
+        raise LimitError(
+            op, "dropout_p", f"must be 0 with {varlen} (varlen) attention", problem["dropout_p"]
+        )
+
+
+def runtime_bounds_mode(problem: dict, target: Target) -> str:
+    """The plan's ``runtime_bounds``: "" unless ``problem["runtime_bounds"]``; then
+    "range_select" where the target has it (NeuronCore-v3+), else "iota"."""
+    if not problem.get("runtime_bounds"):
+        return ""
+    return "range_select" if target.has_range_select else "iota"
+
+
+def bounds_bytes(mode: str, sq: int, q_tile: int) -> int:
+    """SBUF bytes per partition of the run-time bounds (:func:`load_bounds`): two fp32
+    columns per query tile; the "iota" masks add one key-position and two fp32 mask rows
+    of at most one PSUM bank (512 keys)."""
+    if not mode:
+        return 0
+    return ceil_div(sq, q_tile) * 2 * 4 + (3 * 512 * 4 if mode == "iota" else 0)
 
 
 # -- kernel helpers the forward and the backward share -----------------------------------
@@ -1199,6 +1299,66 @@ def dead_rows_column(neg_max, n, name="dead"):
     return dead
 
 
+def load_bounds(kv_bounds, plan):
+    """The run-time key bounds in SBUF: ``kv_bounds [q_tile, query tiles, 2]`` fp32 (HBM;
+    row ``p`` of query tile ``t`` is query ``t * q_tile + p``; its visible keys are
+    ``[lo, hi) = kv_bounds[p, t, 0:2]``), one DMA per kernel, or None without bounds."""
+    if kv_bounds is None:
+        return None
+    rows, tiles = kv_bounds.shape[0], kv_bounds.shape[1]
+    sb = nl.ndarray((rows, tiles, 2), dtype=nl.float32, buffer=nl.sbuf, name="kv_bounds")
+    nisa.dma_copy(dst=sb, src=kv_bounds)
+    return sb
+
+
+def mask_bounds(tile, n_q, n_k, k0, bounds, t, plan, fill, src=None, reduce_res=None):
+    """Set the fp32 SBUF score tile ``tile [n_q, n_k]`` (query row ``p`` of query tile
+    ``t``, key ``k0 + f`` in column ``f``) to ``src`` (PSUM or SBUF; default ``tile``, in
+    place) where the key is within the row's run-time bounds ``[lo, hi)``
+    (:func:`load_bounds`), else to a fill. "range_select" (VectorE, NeuronCore-v3+; isa
+    range_select: ``lo <= k0 + f < hi`` compared in fp32, exact below 2^24) fills with
+    FP32_MIN, whatever ``fill`` is, and with ``reduce_res`` ([n_q, 1] fp32) also writes the
+    row max of the result there, in the same pass. "iota" (v2): key positions by GpSimd
+    iota, ``c = (k >= lo) * -fill`` then ``c = (k < hi) * c`` (VectorE, ALU compares give
+    1.0 or 0.0), then ``tile = (c + fill) + src``: ``src`` exactly where visible
+    (``-fill + fill = 0``), ``fill + src`` (``fill`` to within ``|src|``) elsewhere."""
+    lo, hi = bounds[0:n_q, t, 0:1], bounds[0:n_q, t, 1:2]
+    src = tile if src is None else src
+    if plan.runtime_bounds == "range_select":
+        nisa.range_select(
+            dst=tile,
+            on_true_tile=src,
+            comp_op0=nl.greater_equal,
+            comp_op1=nl.less,
+            bound0=lo,
+            bound1=hi,
+            reduce_cmd=nisa.reduce_cmd.idle if reduce_res is None else nisa.reduce_cmd.reset_reduce,
+            reduce_res=reduce_res,
+            range_start=k0,
+        )
+        return
+    keys = nl.ndarray((n_q, n_k), dtype=nl.float32, buffer=nl.sbuf, name="key_pos")
+    nisa.iota(dst=keys, pattern=[[1, n_k]], offset=k0, channel_multiplier=0)
+    keep = nl.ndarray((n_q, n_k), dtype=nl.float32, buffer=nl.sbuf, name="key_keep")
+    nisa.tensor_scalar(
+        dst=keep, data=keys, op0=nl.greater_equal, operand0=lo, op1=nl.multiply, operand1=-fill
+    )
+    nisa.scalar_tensor_tensor(
+        dst=keep, data=keys, op0=nl.less, operand0=hi, op1=nl.multiply, operand1=keep
+    )
+    nisa.scalar_tensor_tensor(
+        dst=tile, data=keep, op0=nl.add, operand0=fill, op1=nl.add, operand1=src
+    )
+
+
+def raw_bounds(plan) -> bool:
+    """Run-time bounds mask raw S as it leaves PSUM (one range_select, which also takes its
+    row max) and the exp then scales it, as for an unmasked tile: NeuronCore-v3+, no
+    softcap, and a scale >= 1e-6 (the FP32_MIN fill times it stays below -3e32: exp 0, and
+    the row max of the scaled scores is the scale times that of S)."""
+    return plan.runtime_bounds == "range_select" and not plan.softcap and plan.scale >= 1e-6
+
+
 def transpose_blocks(dst, src, rows, cols, plan):
     """``dst [cols, rows] = src [rows, cols]^T`` on VectorE, SBUF to SBUF, in blocks of
     ``plan.vector_transpose`` (32) rows and columns: P^T in the forward, dS^T in the
@@ -1344,16 +1504,18 @@ def masked_fill_scaled(softcap) -> float:
     return min(-2.0, MASK_FILL / softcap) if softcap else MASK_FILL
 
 
-def _stored_scores(s_ps, qs, ks, q0, k0, plan, tile=None, mask_t=None):
+def _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds=None, tile=None, mask_t=None):
     """A score tile kept in SBUF: ``scale * S`` copied out of PSUM (VectorE), or with a
     softcap ``t = tanh(scale * S / softcap)`` (ScalarE's tanh, reading PSUM; the exp then
     takes ``softcap * t``); masked there with :func:`masked_fill` where a window edge
     crosses it (GpSimd cannot read PSUM). The source of its row max and of its exp, at
-    the exp scale :func:`stored_scale`. Both softmaxes keep scores this way. With an
-    attention mask (``tile``: the query tile's record, its head and :class:`ScoreInputs`),
-    a float one is added as the scores leave PSUM (after the softcap: ``softcap * t + m``,
-    as Gemma 2 and HF add their mask), a bool one sets its False entries to the fill
-    (``mask_t``: its tile, loaded steps ahead; else loaded here)."""
+    the exp scale :func:`stored_scale`. Both softmaxes keep scores this way. With run-time
+    bounds (``bounds = (SBUF bounds, query tile)``) every tile is masked by them instead
+    (:func:`mask_bounds`). With an attention mask (``tile``: the query tile's record, its
+    head and :class:`ScoreInputs`), a float one is added as the scores leave PSUM (after
+    the softcap: ``softcap * t + m``, as Gemma 2 and HF add their mask), a bool one sets
+    its False entries to the fill (``mask_t``: its tile, loaded steps ahead; else loaded
+    here)."""
     s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
     if plan.mask and not plan.mask_row and mask_t is None:  # (a row mask is in PSUM already)
         mask_t = load_mask_tile(tile.feat, tile.h, q0, qs, k0, ks, plan)
@@ -1376,7 +1538,9 @@ def _stored_scores(s_ps, qs, ks, q0, k0, plan, tile=None, mask_t=None):
         )  # fmt: skip
     else:
         nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
-    if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
+    if bounds is not None:
+        mask_bounds(s_sb, qs, ks, k0, bounds[0], bounds[1], plan, masked_fill(plan))
+    elif tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
         mask_window(s_sb, qs, ks, q0, k0, plan, masked_fill(plan))
     if plan.mask == "bool" and not plan.mask_row:
         nisa.tensor_copy_predicated(
@@ -1385,18 +1549,23 @@ def _stored_scores(s_ps, qs, ks, q0, k0, plan, tile=None, mask_t=None):
     return s_sb
 
 
-def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, tile=None):
+def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, bounds=None, ext=None, tile=None):
     """One key tile's scores: (source of its row max and exp, the exp's scale). Tiles
     crossing a window edge (every tile, with a softcap or an attention mask) are scaled
     into SBUF and masked there (the scale is then 1); the others stay raw in PSUM with
-    the softmax scale."""
+    the softmax scale. Under :func:`raw_bounds` a tile is masked raw into SBUF by the
+    run-time bounds, its row max into ``ext``."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, q_t, 0, qs, kt, kk0, ks, plan)
     if plan.mask_row:
         add_row_mask(s_ps, tile.feat, tile.h, qs, k0, ks, plan)
+    if bounds is not None and raw_bounds(plan):
+        s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+        mask_bounds(s_sb, qs, ks, k0, bounds[0], bounds[1], plan, MASK_FILL, s_ps, ext)
+        return s_sb, plan.scale
     seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
-    if seen == "some" or plan.softcap or (plan.mask and not plan.mask_row):
-        return _stored_scores(s_ps, qs, ks, q0, k0, plan, tile), stored_scale(plan)
+    if seen == "some" or plan.softcap or bounds is not None or (plan.mask and not plan.mask_row):
+        return _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds, tile), stored_scale(plan)
     return s_ps, plan.scale
 
 
@@ -1415,6 +1584,8 @@ class OnlineTile(nl.NKIObject):
     latest_max: object  # [qs, 1] fp32 the newest -running max (the front half runs ahead)
     row_sum: object  # [qs, 1] fp32 running sum of P, rescaled as the max grows
     o_acc: object  # [qs, D] fp32 running P V, rescaled as the max grows
+    sink: object  # [qs, 1] fp32 the head's sink logit on every row, None without sinks
+    bounds: object = None  # run-time bounds: (SBUF bounds, this query tile's index), or None
     feat: object = None  # ScoreInputs (attention mask, dropout), None without them
     row_key: object = None  # [qs, 1] int32 dropout row keys, None without dropout
 
@@ -1445,14 +1616,27 @@ def _dead_rows(q0, qs, plan):
     return dead_rows(q0, qs, plan.sq, plan.sk, _bounds(plan))
 
 
-def _open_query_tile(q, b, h, q0, plan, feat=None):
+def _load_sink(sinks, h, qs, cache):
+    """The sink logit of head ``h`` on each of ``qs`` rows (a ``[qs, 1]`` fp32 view of a
+    ``[q_tile, 1]`` column loaded from the op's ``[H, 128, 1]`` broadcast of it once per
+    head and kernel: ``cache`` holds the columns by head), or None without sinks."""
+    if sinks is None:
+        return None
+    if cache[h] is None:
+        col = nl.ndarray((sinks.shape[1], 1), dtype=nl.float32, buffer=nl.sbuf, name="sink")
+        nisa.dma_copy(dst=col, src=sinks[h, :, :])
+        cache[h] = col
+    return cache[h][0:qs, 0:1]
+
+
+def _open_query_tile(q, sink, b, h, q0, plan, feat=None):
     """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T
     (and its dropout row keys)."""
     qs = min(plan.q_tile, plan.sq - q0)
     # Keys in [k_start, k_end) are visible to some row of the tile.
     k_start, k_end, _, _ = key_bounds(q0, qs, plan.sq, plan.sk, _bounds(plan))
     n_dead = _dead_rows(q0, qs, plan)
-    state = OnlineTile(h, q0, qs, k_start, k_end, n_dead, None, None, None, None, None)
+    state = OnlineTile(h, q0, qs, k_start, k_end, n_dead, None, None, None, None, None, sink)
     if k_end > k_start:
         q_t = nl.ndarray(
             (min(plan.d_tile, plan.d), plan.d_tiles, qs), dtype=q.dtype, buffer=nl.sbuf, name="q_t"
@@ -1510,10 +1694,11 @@ def _scores_and_max(r, kt, k0, plan):
     their row max (or min, for a negative scale) on VectorE."""
     s, ks, kk0 = r.s, r.ks, r.kk0
     qs = s.qs
-    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan, s)
     ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
-    # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
-    nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
+    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan, s.bounds, ext, s)
+    if s.bounds is None or not raw_bounds(plan):  # (else range_select took the max)
+        # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
+        nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
     r.src, r.act_scale, r.ext = src, act_scale, ext
 
 
@@ -1636,29 +1821,78 @@ def _fold(r, plan):
     s.neg_max, s.o_acc = r.new_neg_max, new_acc
 
 
+def _dead_lse(lse_t, rows, sink):
+    """lse of rows that see no key: the sink (``sink``'s rows), else -inf."""
+    if sink is None:
+        nisa.memset(dst=lse_t[0:rows, 0:1], value=float("-inf"))
+    else:
+        nisa.tensor_copy(dst=lse_t[0:rows, 0:1], src=sink[0:rows, 0:1])
+
+
+def _fold_sink(s):
+    """The sink into the online state at its close: ``m' = max(m, sink)``, then
+    ``l' = l exp(m - m') + exp(sink - m')``; returns ``(-m', l', exp(m - m'))``, the last to
+    rescale the accumulator (a sink of -inf gives ``m' = m``, ``l' = l``, 1)."""
+    qs = s.qs
+    neg_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_max_sink")
+    nisa.tensor_scalar(
+        dst=neg_max, data=s.sink, op0=nl.multiply, operand0=-1.0, op1=nl.minimum, operand1=s.neg_max
+    )
+    rescale = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink_rescale")
+    nisa.activation(dst=rescale, op=nl.exp, data=s.neg_max, bias=neg_max, scale=-1.0)
+    e_sink = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="exp_sink")
+    nisa.activation(dst=e_sink, op=nl.exp, data=s.sink, bias=neg_max)
+    row_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="l_sink")
+    nisa.scalar_tensor_tensor(
+        dst=row_sum,
+        data=s.row_sum,
+        op0=nl.multiply,
+        operand0=rescale,
+        op1=nl.add,
+        operand1=e_sink,
+    )
+    return neg_max, row_sum, rescale
+
+
 def _close_query_tile(s, out, lse, b, plan):
-    """out = O / l and lse = log(l) + m to HBM; rows that see no key get 0 and -inf."""
+    """out = O / l and lse = log(l) + m to HBM (the sink folded in first); rows that see no
+    key get 0 and the sink (-inf without sinks)."""
     d, qs, q0, h, n_dead = plan.d, s.qs, s.q0, s.h, s.n_dead
     o_out = nl.ndarray((qs, d), dtype=out.dtype, buffer=nl.sbuf, name="o_out")
     lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
     if s.neg_max is None:
         # Trace-time skip: no key is visible to any row of this tile.
         nisa.memset(dst=o_out, value=0.0)
-        nisa.memset(dst=lse_t, value=float("-inf"))
+        _dead_lse(lse_t, qs, s.sink)
     else:
+        neg_max, row_sum = s.neg_max, s.row_sum
         recip = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
-        nisa.reciprocal(dst=recip, data=s.row_sum)
-        dead = _close_features(recip, s.neg_max, qs, plan)
-        nisa.tensor_scalar(dst=o_out, data=s.o_acc, op0=nl.multiply, operand0=recip)
+        if s.sink is None:
+            nisa.reciprocal(dst=recip, data=row_sum)
+            dead = _close_features(recip, neg_max, qs, plan)
+            nisa.tensor_scalar(dst=o_out, data=s.o_acc, op0=nl.multiply, operand0=recip)
+        else:
+            neg_max, row_sum, rescale = _fold_sink(s)
+            nisa.reciprocal(dst=recip, data=row_sum)
+            dead = _close_features(recip, neg_max, qs, plan)
+            nisa.tensor_scalar(
+                dst=o_out,
+                data=s.o_acc,
+                op0=nl.multiply,
+                operand0=recip,
+                op1=nl.multiply,
+                operand1=rescale,
+            )
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
-        nisa.activation(dst=log_sum, op=nl.log, data=s.row_sum)
-        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=s.neg_max, op=nl.subtract)
-        if dead is not None:
-            nisa.tensor_copy_predicated(dst=lse_t, src=float("-inf"), predicate=dead)
+        nisa.activation(dst=log_sum, op=nl.log, data=row_sum)
+        nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=neg_max, op=nl.subtract)
+        if dead is not None:  # the sink folded in: dead only with a sink of -inf (or none)
+            dead_lse = float("-inf") if s.sink is None else s.sink
+            nisa.tensor_copy_predicated(dst=lse_t, src=dead_lse, predicate=dead)
         if n_dead:
-            # Rows that see no key at all: zeros and -inf, as the contract says.
+            # Rows that see no key at all: zeros and the sink (or -inf), as the contract says.
             nisa.memset(dst=o_out[0:n_dead, 0:d], value=0.0)
-            nisa.memset(dst=lse_t[0:n_dead, 0:1], value=float("-inf"))
+            _dead_lse(lse_t, n_dead, s.sink)
     nisa.dma_copy(dst=out[b, h, q0 : q0 + qs, 0:d], src=o_out)
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
@@ -1697,7 +1931,9 @@ def _drain(pending, out, lse, b, q_dtype, plan):
         _close_query_tile(s, out, lse, b, plan)
 
 
-def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan, feat=None):
+def _attend_kv_head(
+    q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan, bounds=None, feat=None
+):
     """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
     ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
     key tiles and across groups: the next key tile's scores and max (the next group's
@@ -1707,7 +1943,11 @@ def _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan, feat=None):
     for t0 in range(0, len(tiles), plan.q_group):
         states = []
         for h, q0 in tiles[t0 : t0 + plan.q_group]:
-            states.append(_open_query_tile(q, b, h, q0, plan, feat))
+            qs = min(plan.q_tile, plan.sq - q0)
+            sink = _load_sink(sinks, h, qs, sink_cols)
+            states.append(_open_query_tile(q, sink, b, h, q0, plan, feat))
+            if bounds is not None:
+                states[-1].bounds = (bounds, q0 // plan.q_tile)
         last = None
         kt = vb = None
         if kv is not None:
@@ -1753,6 +1993,8 @@ class QueryTile(nl.NKIObject):
     p: list  # per key tile: P = exp(scale * S - max) in SBUF, q's dtype
     p_t: list  # per key tile: ((P^T tile, chunk in it, keys, V chunk), ...) in SBUF
     o_ps: object  # [qs, D] fp32 PSUM: P V summed over every key the tile sees
+    sink: object  # [qs, 1] fp32 the head's sink logit on every row, None without sinks
+    bounds: object = None  # run-time bounds: (SBUF bounds, this query tile's index), or None
     feat: object = None  # ScoreInputs (attention mask, dropout), None without them
     row_key: object = None  # [qs, 1] int32 dropout row keys, None without dropout
     dead: object = None  # [qs, 1] uint8: rows an attention mask leaves with no key
@@ -1776,9 +2018,10 @@ def _query_tile(h, q0, plan):
         # crosses (before and after them) are scaled and masked in SBUF.
         seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, bounds)
         stored = plan.softcap or (plan.mask and not plan.mask_row)
-        if seen != "some" or stored:
+        if seen != "some" or stored or plan.runtime_bounds:  # one span per key tile
             # softcap, a mask with a query dim: every tile is kept (and masked) in SBUF
-            spans.append((k0, ks, bool(stored)))
+            bounded = bool(plan.runtime_bounds) and not raw_bounds(plan)
+            spans.append((k0, ks, bool(stored) or bounded))
             continue
         for c0, cs in tiled(k0 + ks, plan.d_tile, k0):
             masked = tile_visibility(q0, qs, c0, cs, plan.sq, plan.sk, bounds) != "all"
@@ -1815,6 +2058,7 @@ def _query_tile(h, q0, plan):
         list(none),
         list(none),
         None,
+        None,
     )
 
 
@@ -1850,6 +2094,12 @@ def _max_step(q, b, qt, j, kt, plan):
             )
     k0, ks, masked, col = qt.keys[j]
     s_ps = _scores(qt, kt, k0, ks, plan)
+    if not masked and qt.bounds is not None:  # raw_bounds: S masked out of PSUM, kept
+        s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+        ext = qt.ext[0:qs, col : col + 1]
+        mask_bounds(s_sb, qs, ks, k0, qt.bounds[0], qt.bounds[1], plan, MASK_FILL, s_ps, ext)
+        qt.masked[j] = s_sb
+        return
     if not masked:
         nisa.tensor_reduce(
             dst=qt.ext[0:qs, col : col + 1],
@@ -1871,7 +2121,7 @@ def _max_step(q, b, qt, j, kt, plan):
         )  # fmt: skip
         qt.masked[j] = s_sb
         return
-    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan, qt, mask_t)
+    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan, qt.bounds, qt, mask_t)
     nisa.tensor_reduce(dst=qt.ext_masked[0:qs, col : col + 1], op=nl.max, data=s_sb, axis=1)
     qt.masked[j] = s_sb
 
@@ -1914,6 +2164,17 @@ def _row_max(qt, plan):
         neg_max = neg_masked
     if plan.mask == "float":
         _clamp_neg_max(neg_max)
+    if qt.sink is not None:  # the sink is one more logit: -max(m, sink) = min(-m, -sink)
+        with_sink = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_max_sink")
+        nisa.tensor_scalar(
+            dst=with_sink,
+            data=qt.sink,
+            op0=nl.multiply,
+            operand0=-1.0,
+            op1=nl.minimum,
+            operand1=neg_max,
+        )
+        neg_max = with_sink
     qt.neg_max = neg_max
 
 
@@ -1929,6 +2190,8 @@ def _exp_step(qt, j, kt, q_dtype, plan):
     k0, ks, masked, _ = qt.keys[j]
     if masked:
         src, act_scale = qt.masked[j], stored_scale(plan)
+    elif qt.bounds is not None:  # raw S masked by run-time bounds in the max pass, kept
+        src, act_scale = qt.masked[j], plan.scale
     else:
         src, act_scale = _scores(qt, kt, k0, ks, plan), plan.scale
     p_sb = nl.ndarray((qs, ks), dtype=q_dtype, buffer=nl.sbuf, name="p")
@@ -1939,9 +2202,21 @@ def _exp_step(qt, j, kt, q_dtype, plan):
         bias=qt.neg_max,
         scale=act_scale,
         reduce_op=nl.add,
-        reduce_res=qt.row_sum if last else None,
+        reduce_res=qt.row_sum if last and qt.sink is None else None,
         reduce_cmd=nisa.reduce_cmd.reset_reduce if j == 0 else nisa.reduce_cmd.reduce,
     )
+    if last and qt.sink is not None:
+        # exp(sink - max) joins the row sum in the same registers, which it reads out.
+        e_sink = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="exp_sink")
+        nisa.activation(
+            dst=e_sink,
+            op=nl.exp,
+            data=qt.sink,
+            bias=qt.neg_max,
+            reduce_op=nl.add,
+            reduce_res=qt.row_sum,
+            reduce_cmd=nisa.reduce_cmd.reduce,
+        )
     if plan.dropout:  # the bits were made in the steps before (_two_pass_kv_head)
         nisa.scalar_tensor_tensor(
             dst=p_sb, data=qt.bits[j].bits, op0=nl.greater_equal, operand0=float(plan.dropout),
@@ -2024,7 +2299,7 @@ def _close_two_pass(qt, out, lse, b, plan):
     lse_t = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="lse_t")
     if not qt.keys:
         nisa.memset(dst=o_out, value=0.0)
-        nisa.memset(dst=lse_t, value=float("-inf"))
+        _dead_lse(lse_t, qs, qt.sink)
     else:
         nisa.activation(dst=o_out, op=nl.copy, data=qt.o_ps, scale=qt.recip)
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
@@ -2032,16 +2307,19 @@ def _close_two_pass(qt, out, lse, b, plan):
         nisa.tensor_tensor(
             dst=lse_t, data1=log_sum, data2=qt.neg_max, op=nl.subtract, engine=nisa.engine.gpsimd
         )
-        if qt.dead is not None:
-            nisa.tensor_copy_predicated(dst=lse_t, src=float("-inf"), predicate=qt.dead)
+        if qt.dead is not None:  # the sink folded in: dead only with a sink of -inf (or none)
+            dead_lse = float("-inf") if qt.sink is None else qt.sink
+            nisa.tensor_copy_predicated(dst=lse_t, src=dead_lse, predicate=qt.dead)
         if qt.n_dead:
             nisa.memset(dst=o_out[0 : qt.n_dead, 0:d], value=0.0)
-            nisa.memset(dst=lse_t[0 : qt.n_dead, 0:1], value=float("-inf"))
+            _dead_lse(lse_t, qt.n_dead, qt.sink)
     nisa.dma_copy(dst=out[b, h, q0 : q0 + qs, 0:d], src=o_out)
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
-def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan, feat=None):
+def _two_pass_kv_head(
+    q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan, bounds=None, feat=None
+):
     """Every (head, q0) query tile of one KV head in two passes over its keys, software-
     pipelined over the flat list of (query tile, key tile) steps: at step ``i`` the max
     pass runs ``plan.lead`` steps ahead (so a tile's max is known before its exps), the exp
@@ -2053,6 +2331,9 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan, feat=None):
     for h, q0 in tiles:
         qt = _query_tile(h, q0, plan)
         qt.feat = feat
+        qt.sink = _load_sink(sinks, h, qt.qs, sink_cols)
+        if bounds is not None:
+            qt.bounds = (bounds, q0 // plan.q_tile)
         if not qt.keys:  # no key is visible to any row of the tile
             _close_two_pass(qt, out, lse, b, plan)
             continue
@@ -2066,14 +2347,17 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan, feat=None):
         for j in range(len(qt.keys)):
             steps.append((len(states) - 1, j))
     n = len(steps)
-    first = min(-plan.lead - plan.q_prefetch, -DROPOUT_STAGES)
+    burst = plan.max_burst
+    first = min(-plan.lead - burst - plan.q_prefetch, -DROPOUT_STAGES)
     for i in range(first, n + plan.lag_close + 1):
-        f = i + plan.lead + plan.q_prefetch
+        f = i + plan.lead + burst - 1 + plan.q_prefetch
         if 0 <= f < n:
             t, j = steps[f]
             if j == 0:
+                assert len(states[t].keys) <= plan.lead + 1, "flash_attention: lead too short"
                 _load_query(q, b, states[t], plan)
-        f = i + plan.lead + MASK_PREFETCH  # its mask tile, ahead of its max pass (DMA latency)
+        # its mask tile, MASK_PREFETCH steps ahead of the earliest burst its max pass is in
+        f = i + plan.lead + burst - 1 + MASK_PREFETCH
         if 0 <= f < n and plan.mask and not plan.mask_row:
             t, j = steps[f]
             qt = states[t]
@@ -2084,12 +2368,13 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan, feat=None):
             if 0 <= f < n:
                 t, j = steps[f]
                 _dropout_step(states[t], j, stage, feat)
-        f = i + plan.lead
-        if 0 <= f < n:
-            t, j = steps[f]
-            _max_step(q, b, states[t], j, kt, plan)
-            if j == len(states[t].keys) - 1:
-                _row_max(states[t], plan)
+        if (i + plan.lead) % burst == 0:
+            for f in range(i + plan.lead, i + plan.lead + burst):
+                if 0 <= f < n:
+                    t, j = steps[f]
+                    _max_step(q, b, states[t], j, kt, plan)
+                    if j == len(states[t].keys) - 1:
+                        _row_max(states[t], plan)
         if 0 <= i < n:
             t, j = steps[i]
             _exp_step(states[t], j, kt, q.dtype, plan)
@@ -2114,17 +2399,25 @@ def _two_pass_kv_head(q, out, lse, kt, vb, b, tiles, plan, feat=None):
 
 
 @nki.jit
-def flash_attention_fwd_kernel(q, k, v, plan, attn_mask=None, row_keys=None):
+def flash_attention_fwd_kernel(q, k, v, sinks, plan, kv_bounds=None, attn_mask=None, row_keys=None):
     """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
-    for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM.
+    for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM; ``sinks`` is None or each
+    head's sink logit broadcast to ``[H, 128, 1]`` fp32 (one value per partition row).
 
     ``plan`` is the :class:`FlashAttentionPlan` for these shapes (a compile-time argument).
     Launched as ``flash_attention_fwd_kernel[plan.lnc]``: each physical core runs its share
     ``plan.core_groups[nl.program_id(0)]`` of (batch, KV head) groups and query tiles and
-    writes only those rows of out and lse. ``attn_mask`` (plan.mask: "bool" as uint8, or
-    "float"; 4-d, broadcast dims of size 1) and ``row_keys`` (``[B, H, Sq, 1]`` int32,
-    plan.dropout) are the score-side features' inputs, None without them.
+    writes only those rows of out and lse.
+
+    ``plan.packed``: q ``[B, Sq, H, D]``, k and v ``[B, Sk, Hkv, D]`` and out in that
+    layout (read and written through BHSD views). ``kv_bounds`` (``plan.runtime_bounds``):
+    each query row's visible keys, :func:`load_bounds`. ``attn_mask`` (plan.mask: "bool"
+    as uint8, or "float"; 4-d, broadcast dims of size 1) and ``row_keys``
+    (``[B, H, Sq, 1]`` int32, plan.dropout) are the score-side features' inputs, None
+    without them.
     """
+    if plan.packed:
+        q, k, v = q.permute((0, 2, 1, 3)), k.permute((0, 2, 1, 3)), v.permute((0, 2, 1, 3))
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     assert (B, H, Hkv, Sq, Sk, D) == (plan.b, plan.h, plan.hkv, plan.sq, plan.sk, plan.d), (
@@ -2133,18 +2426,29 @@ def flash_attention_fwd_kernel(q, k, v, plan, attn_mask=None, row_keys=None):
     assert nl.num_programs(0) == plan.lnc, (
         "flash_attention: launch flash_attention_fwd_kernel[plan.lnc]"
     )
-    out = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="out")
+    out_shape = (B, Sq, H, D) if plan.packed else (B, H, Sq, D)
+    out_hbm = nl.ndarray(out_shape, dtype=q.dtype, buffer=nl.shared_hbm, name="out")
+    out = out_hbm.permute((0, 2, 1, 3)) if plan.packed else out_hbm
     lse = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="lse")
+    sink_cols = [None] * H  # per head: its sink column, loaded once (sinks only)
+    assert (kv_bounds is None) == (not plan.runtime_bounds), (
+        "flash_attention: kv_bounds and plan.runtime_bounds go together"
+    )
+    bounds = load_bounds(kv_bounds, plan)
     feat = score_inputs(attn_mask, row_keys, plan, plan.q_tile, q.dtype, plan.k_tile)
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
         group_feat = for_group(feat, b, kvh, H // Hkv, plan.scale, plan, q.dtype)
         if plan.softmax == "two_pass":
-            _two_pass_kv_head(q, out, lse, kv[0], kv[1], b, tiles, plan, group_feat)
+            _two_pass_kv_head(
+                q, sinks, sink_cols, out, lse, kv[0], kv[1], b, tiles, plan, bounds, group_feat
+            )
         else:
-            _attend_kv_head(q, k, v, out, lse, kv, b, kvh, tiles, plan, group_feat)
-    return out, lse
+            _attend_kv_head(
+                q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan, bounds, group_feat
+            )
+    return out_hbm, lse
 
 
 # -- op-level glue: problem, launch, inputs ---------------------------------------------------
@@ -2231,8 +2535,6 @@ def _forward_kernels(
             lse = sinks.float().reshape(1, h, 1).expand(b, h, sq).contiguous()
         return out, lse
     spec = REGISTRY_BY_NAME[op]
-    if sinks is not None:
-        raise LimitError(op, "sinks", "is not in the kernel yet (reference only)", "a tensor")
     tiles = spec.check(
         problem(q, k, v, causal, softmax_scale, window, softcap, sinks, *features),
         dtype_name(q),
@@ -2240,9 +2542,13 @@ def _forward_kernels(
         runner.target,
         runner_lnc(runner),
     )
-    args = (q.contiguous(), k.contiguous(), v.contiguous(), tiles)
+    sink_rows = None
+    if sinks is not None:  # each head's sink on every partition row: [H, 128, 1] fp32
+        sink_rows = sinks.float().reshape(h, 1, 1).expand(h, tiles.q_tile, 1).contiguous()
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), sink_rows, tiles)
     if attn_mask is not None or dropout_p:  # plain attention launches as it always did
-        args += (kernel_mask(attn_mask), kernel_row_keys(dropout_p, dropout_seed, b, h, sq))
+        mask, keys = kernel_mask(attn_mask), kernel_row_keys(dropout_p, dropout_seed, b, h, sq)
+        args += (None, mask, keys)  # (no kv_bounds)
     out, lse = runner(flash_attention_fwd_kernel[tiles.lnc], *args)
     return out, lse.reshape(b, h, sq)
 
@@ -2360,13 +2666,14 @@ def _validate(op):
 
 def draw_features(problem: dict, h: int, generator: torch.Generator) -> tuple:
     """``(window, softcap, sinks)`` of ``problem``: ``window_left``/``window_right`` (a
-    negative value, as drawn, is -1: unbounded; both unbounded is None), ``softcap`` and,
-    when ``sinks`` is set, sinks ~ N(0, 2^2) fp32 per query head, drawn after every other
-    input (so problems without them draw the inputs they always did)."""
+    negative value, as drawn, is -1: unbounded; both unbounded is None), ``softcap`` (a
+    negative value, as drawn, is 0: off) and, when ``sinks`` is set, sinks ~ N(0, 2^2)
+    fp32 per query head, drawn after every other input (so problems without them draw the
+    inputs they always did)."""
     left, right = int(problem.get("window_left", -1)), int(problem.get("window_right", -1))
     left, right = max(-1, left), max(-1, right)
     window = None if (left, right) == (-1, -1) else (left, right)
-    softcap = float(problem.get("softcap", 0.0))
+    softcap = max(0.0, float(problem.get("softcap", 0.0)))
     sinks = torch.randn(h, generator=generator) * 2.0 if problem.get("sinks") else None
     return window, softcap, sinks
 
@@ -2630,6 +2937,12 @@ _TEST_PROBLEMS = {
         "sk": (1, 600),
         "d": (1, 256),
         "causal": (0, 1),
+        # window sides, softcap and sinks: negative draws are off (-1 unbounded, 0 no cap),
+        # so about half the draws leave each feature off.
+        "window_left": (-300, 300),
+        "window_right": (-300, 300),
+        "softcap": (-60, 60),
+        "sinks": (0, 1),
     },
     "edges": (1, 127, 128, 129, 513),
     # every config runs here: GQA, remainder tiles, causal with Sq < Sk, D not a power of two

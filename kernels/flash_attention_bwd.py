@@ -63,12 +63,15 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
     DROPOUT_STAGES,
+    MASK_FILL,
     MASK_PREFETCH,
     DropBits,
     _bad_mask_dropout,
     add_row_mask,
     apply_attn_mask,
     attention_reference,
+    bounds_bytes,
+    dead_rows,
     dead_rows_column,
     draw_features,
     draw_mask_dropout,
@@ -79,12 +82,16 @@ from neuron_kernels.kernels.flash_attention import (
     kernel_mask,
     kernel_row_keys,
     key_bounds,
+    load_bounds,
     load_mask_tile,
     load_row_keys,
+    mask_bounds,
     mask_problem,
     mask_window,
     matmul_over_d,
+    refuse_bounds_features,
     resolve_scale,
+    runtime_bounds_mode,
     score_features,
     score_inputs,
     tile_visibility,
@@ -220,6 +227,7 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     left: int  # keys a query sees before its diagonal, -1 unbounded (window_bounds)
     right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
     softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
+    tanh_blocks: int  # softcap: key blocks whose tanh tiles are made ahead (2, 1; 0: per pair)
     mask: str  # attn_mask: "" none, "bool" (uint8 in HBM, 0 masks) or "float" (added)
     mask_dims: tuple  # per dim of the 4-d mask (B, H, Sq, Sk): True full, False size 1
     mask_row: bool  # no query dim, no softcap: added to S on TensorE (the forward's for_group)
@@ -244,6 +252,8 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     split_groups: int  # groups whose query passes are split over the cores (dK/dV partials)
     sbuf_bytes: int
     psum_banks: int
+    packed: bool = False  # dout, q, k, v, out and the gradients in [B, S, heads, D] rows
+    runtime_bounds: str = ""  # run-time key bounds per query row (the forward's plan field)
 
 
 def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Target, lnc: int = 1):
@@ -297,10 +307,14 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     group = 2 * n_kt * d * 4  # dK and dV fp32 accumulators over the query heads
     q_side = 2 * q_side + d * 4  # this pass and the next (prefetch); one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
+    softcap = float(problem.get("softcap", 0.0))
+    if softcap:  # t^2 and P (1 - t^2) of the pairs in flight
+        pair += (lag + 1) * 2 * keys * 4
     # per pair in flight: a mask tile (4 bytes per key at most; and its masked scores), and
     # dropout's kept dP (fp32) and P; dropout's hash tiles of the pairs its pipeline runs
     # ahead, and the launch's key iota
     features = score_features(problem)
+    refuse_bounds_features(OP, problem, features)
     stored_mask = bool(features["mask"]) and not features["mask_row"]
     pair += (lag + 1) * keys * (8 * stored_mask + (8 + item) * bool(features["dropout"]))
     if features["dropout"]:
@@ -309,6 +323,18 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         pair += (groups if features["mask_dims"][1] else 1) * sk * 8
     staging = d * item  # one output tile in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
+    # softcap: the tanh tiles of 2 key blocks made ahead (this one's and the next's), else
+    # of 1, else each pair's own: as many as SBUF holds.
+    tanh_blocks = 0
+    if softcap:
+        block_tiles = kv_block * n_qt * keys * 4
+        tanh_blocks = 2
+        while tanh_blocks > 0 and sbuf + tanh_blocks * block_tiles > target.sbuf_usable_bytes:
+            tanh_blocks -= 1
+        sbuf += tanh_blocks * block_tiles if tanh_blocks else keys * 4
+    bounded = runtime_bounds_mode(problem, target)
+    if bounded:  # the bounds, and each pair's scaled scores masked in SBUF before the exp
+        sbuf += bounds_bytes(bounded, sq, tq) + (lag + 1) * keys * 4
 
     # PSUM: S and dP (one bank, side by side); dQ's sum; dK's and dV's sums (a block's, or
     # one pair's partials); the dS^T of a PE transpose; one bank for the PE transposes of
@@ -316,6 +342,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     sum_banks = ceil_div(kv_block * d * 4, target.psum_bank_bytes)
     pe_ds_t = config.transpose == "pe" and ds_dma_tiles < 4
     banks = 1 + 1 + 2 * sum_banks + pe_ds_t + (config.transpose != "dma")
+    banks += softcap > 0  # the S tiles the tanh reads, apart from dP
     return FlashAttentionBwdPlan(
         b=b,
         hkv=hkv,
@@ -326,8 +353,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         causal=causal,
         left=bounds[0],
         right=bounds[1],
-        softcap=float(problem.get("softcap", 0.0)),
-        **score_features(problem),
+        softcap=softcap,
+        tanh_blocks=tanh_blocks,
+        **features,
         tile_q=tq,
         tile_k=tk,
         q_block=config.q_block,
@@ -347,6 +375,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         split_groups=(b * hkv) % lnc if lnc > 1 else 0,
         sbuf_bytes=sbuf,
         psum_banks=banks,
+        packed=bool(problem.get("packed", False)),
+        runtime_bounds=bounded,
     )
 
 
@@ -408,6 +438,10 @@ class QueryPass(nl.NKIObject):
     live: list  # (t, rows) of the tiles some key reaches, in order; the others get dq = 0
     q_src: list  # per live tile: its Q rows in HBM (what DMA transposes read)
     do_src: list  # per live tile: its dO rows in HBM
+    sink: object  # [tq, 1] fp32 the head's sink on every row, None without sinks
+    dsink_dst: list  # per live tile: its rows of the dsinks contributions in HBM
+    n_dead: list  # per live tile: its leading rows that see no key
+    bounds: object = None  # run-time bounds: (SBUF bounds, the pass's first tile), or None
     h: int = 0  # the query head
     feat: object = None  # ScoreInputs (attention mask, dropout), None without them
     row_key: object = None  # [tq, n_tiles] int32 dropout row keys, None without dropout
@@ -508,9 +542,25 @@ def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
     return dst
 
 
-def _scores(qs, kv, pair, scale, plan, bits=None, mask_t=None):
+def _tanh_scores(qs, kv, pair, scale, plan):
+    """Softcap, ahead of stage 1: ``t = tanh(scale * S / softcap)`` of a tile pair, S on
+    TensorE into its own PSUM tile, the tanh on ScalarE into fp32 SBUF (issued for a whole
+    key block's pairs at once: see the kernel's loop)."""
+    n_q, n_k = pair.n_q, pair.n_k
+    s_ps = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.psum, name="s_cap")
+    matmul_over_d(s_ps[0:n_q, 0:n_k], qs.q_t, pair.t * plan.tile_q, n_q, kv.k_t, 0, n_k, plan)
+    tanh_s = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
+    nisa.activation(
+        dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=s_ps[0:n_q, 0:n_k], scale=scale / plan.softcap
+    )
+    return tanh_s
+
+
+def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
-    the diagonal) and ``dS = P * (dP - D)``; returns the pair's SBUF tiles."""
+    the diagonal) and ``dS = P * (dP - D)``; with a softcap, ``P = exp(softcap t - lse)``
+    from ``tanh_s`` (:func:`_tanh_scores`) and ``dS = P (1 - t^2) (dP - D)``. Returns the
+    pair's SBUF tiles."""
     t, j, n_q, n_k = pair.t, pair.j, pair.n_q, pair.n_k
     tq, tk = plan.tile_q, plan.tile_k
     dtype = qs.q.dtype
@@ -518,18 +568,27 @@ def _scores(qs, kv, pair, scale, plan, bits=None, mask_t=None):
     # a pair holds one bank instead of two, so more pairs are in flight (modeled 61.2% vs
     # 53.4% TensorE at S4096; a matmul may write any region within one bank).
     s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
-    s = s_dp[:, 0, :]
-    matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
-    if plan.mask_row:  # the mask's bias row added to S in PSUM (TensorE)
-        add_row_mask(s[0:n_q, 0:n_k], qs.feat, qs.h, n_q, pair.k0, n_k, plan)
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
-    src, exp_scale = s[0:n_q, 0:n_k], scale
     if plan.mask and not plan.mask_row and mask_t is None:  # (else loaded pairs ahead)
         mask_t = load_mask_tile(qs.feat, qs.h, pair.q0, n_q, pair.k0, n_k, plan)
-    if plan.softcap:  # t = tanh(scale * S / softcap) (ScalarE, from PSUM); P = exp(softcap t - lse)
-        tanh_s = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
-        nisa.activation(dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=src, scale=scale / plan.softcap)
+    if plan.softcap:  # P = exp(softcap t - lse), t = tanh(scale * S / softcap) made ahead
         src, exp_scale = tanh_s[0:n_q, 0:n_k], plan.softcap
+    else:
+        s = s_dp[:, 0, :]
+        matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
+        if plan.mask_row:  # the mask's bias row added to S in PSUM (TensorE)
+            add_row_mask(s[0:n_q, 0:n_k], qs.feat, qs.h, n_q, pair.k0, n_k, plan)
+        src, exp_scale = s[0:n_q, 0:n_k], scale
+        if qs.bounds is not None:  # run-time bounds (no softcap): S masked in SBUF first
+            bounded = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="s_bounded")
+            at, sb = qs.bounds[1] + t, bounded[0:n_q, 0:n_k]
+            if scale >= 1e-6:  # straight out of PSUM: scale * fill stays below -1e24, exp 0
+                mask_bounds(sb, n_q, n_k, pair.k0, qs.bounds[0], at, plan, MASK_FILL, src)
+                src = sb
+            else:  # scale * S first, so a negative (or tiny) scale cannot lift the fill
+                nisa.tensor_scalar(dst=sb, data=src, op0=nl.multiply, operand0=scale)
+                mask_bounds(sb, n_q, n_k, pair.k0, qs.bounds[0], at, plan, MASK_FILL)
+                src, exp_scale = sb, 1.0
     if plan.mask == "float" and not plan.mask_row:  # C = scale S (or softcap t) + mask
         c = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="masked_scores")
         nisa.scalar_tensor_tensor(
@@ -544,7 +603,7 @@ def _scores(qs, kv, pair, scale, plan, bits=None, mask_t=None):
         bias=qs.neg_lse[0:n_q, t : t + 1],
         scale=exp_scale,
     )
-    if pair.seen == "some":
+    if pair.seen == "some" and qs.bounds is None:
         mask_window(p[0:n_q, 0:n_k], n_q, n_k, pair.q0, pair.k0, plan, 0.0)
     if plan.mask == "bool" and not plan.mask_row:
         nisa.tensor_copy_predicated(
@@ -592,8 +651,15 @@ def _scores(qs, kv, pair, scale, plan, bits=None, mask_t=None):
         # ScalarE: dP - D out of PSUM; VectorE: one SBUF x SBUF multiply by P.
         dp_d = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="dp_minus_d")
         nisa.activation(dst=dp_d[0:n_q, 0:n_k], op=nl.copy, data=dp[0:n_q, 0:n_k], bias=neg_d)
+        # Run-time bounds: VectorE masks S before the exp, so the multiply goes to GpSimd and
+        # VectorE's in-order queue never waits on this pair's exp (modeled varlen, 4 x 512
+        # causal, H4 D128 bf16: 260 us vs 411 us with the multiply on VectorE).
         nisa.tensor_tensor(
-            dst=ds[0:n_q, 0:n_k], data1=dp_d[0:n_q, 0:n_k], data2=p[0:n_q, 0:n_k], op=nl.multiply
+            dst=ds[0:n_q, 0:n_k],
+            data1=dp_d[0:n_q, 0:n_k],
+            data2=p[0:n_q, 0:n_k],
+            op=nl.multiply,
+            engine=nisa.engine.gpsimd if qs.bounds is not None else nisa.engine.unknown,
         )
     else:
         nisa.scalar_tensor_tensor(
@@ -735,9 +801,10 @@ def _q_grads(st, kv, pair, first, last, sums, dq_dst, scale, plan):
     sums.started[t] = True
 
 
-def _query_pass_dma(dout, q, out, lse, b, one_pass, plan, feat=None):
+def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan, bounds=None, feat=None):
     """Phase 1 of a query pass ``(h, p0, n_tiles)``: allocate its SBUF tiles and start every
-    DMA (Q, dO and O rows, lse) of the tiles some key reaches; their dQ is zero otherwise."""
+    DMA (Q, dO and O rows, lse; the head's sink) of the tiles some key reaches; their dQ is
+    zero otherwise (and so is their dsinks contribution, stored here)."""
     h, p0, n_tiles = one_pass
     tq, d = plan.tile_q, plan.d
     rows = n_tiles * tq
@@ -753,14 +820,29 @@ def _query_pass_dma(dout, q, out, lse, b, one_pass, plan, feat=None):
         live=[],
         q_src=[],
         do_src=[],
+        sink=None,
+        dsink_dst=[],
+        n_dead=[],
+        bounds=None if bounds is None else (bounds, p0),
     )
     qs.h, qs.feat = h, feat
     if plan.dropout:
         qs.row_key = nl.ndarray((tq, n_tiles), dtype=nl.int32, buffer=nl.sbuf, name="row_keys")
+    if sinks is not None:
+        qs.sink = nl.ndarray((tq, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink")
+        nisa.dma_copy(dst=qs.sink, src=sinks[h, 0:tq, 0:1])
+    bounds = (plan.left, plan.right)
     for t, (q0, n_q) in enumerate(tiled(plan.sq, tq)[p0 : p0 + n_tiles]):
-        k_start, k_end, _, _ = key_bounds(q0, n_q, plan.sq, plan.sk, (plan.left, plan.right))
-        if k_end <= k_start:  # no row of the tile sees a key: its dq is zero
+        k_start, k_end, _, _ = key_bounds(q0, n_q, plan.sq, plan.sk, bounds)
+        if k_end <= k_start:  # no row of the tile sees a key: its dq (and dsinks part) is 0
+            if sinks is not None:
+                zeros = nl.ndarray((n_q, 1), dtype=nl.float32, buffer=nl.sbuf, name="no_dsink")
+                nisa.memset(dst=zeros, value=0.0)
+                nisa.dma_copy(dst=dsink[b, h, q0 : q0 + n_q, 0:1], src=zeros)
             continue
+        if sinks is not None:
+            qs.dsink_dst.append(dsink[b, h, q0 : q0 + n_q, 0:1])
+            qs.n_dead.append(dead_rows(q0, n_q, plan.sq, plan.sk, bounds))
         qs.live.append((t, n_q))
         qs.q_src.append(q[b, h, q0 : q0 + n_q, :])
         qs.do_src.append(dout[b, h, q0 : q0 + n_q, :])
@@ -808,6 +890,22 @@ def _query_pass_prepare(qs, plan, psum_dtype):
             axis=1,
             negate=True,
         )
+        if qs.sink is not None:
+            _dsink_rows(qs, a, t, n_q)
+
+
+def _dsink_rows(qs, a, t, n_q):
+    """The dsinks contribution of live query tile ``t`` (the ``a``-th): per row,
+    ``-exp(sink - lse) D`` from the ``-lse`` and ``-D`` columns the pass already holds,
+    stored to HBM (the op sums the rows). Rows that see no key add 0 (their D is 0, and
+    without a finite sink their ``exp(sink - lse)`` would be ``exp(-inf + inf)``)."""
+    w = nl.ndarray((n_q, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink_weight")
+    nisa.activation(dst=w, op=nl.exp, data=qs.sink[0:n_q, 0:1], bias=qs.neg_lse[0:n_q, t : t + 1])
+    part = nl.ndarray((n_q, 1), dtype=nl.float32, buffer=nl.sbuf, name="dsink_part")
+    nisa.tensor_tensor(dst=part, data1=w, data2=qs.neg_dvec[0:n_q, t : t + 1], op=nl.multiply)
+    if qs.n_dead[a]:
+        nisa.memset(dst=part[0 : qs.n_dead[a], 0:1], value=0.0)
+    nisa.dma_copy(dst=qs.dsink_dst[a], src=part)
 
 
 def _load_kv_rows(k, v, b, hk, j, plan):
@@ -893,7 +991,9 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
 
 
 @nki.jit
-def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=None, row_keys=None):
+def flash_attention_bwd_kernel(
+    dout, q, k, v, out, lse, sinks, scale, plan, kv_bounds=None, attn_mask=None, row_keys=None
+):
     """``(dq, dk, dv)`` for attention in BHSD layout (HBM): ``dout, q, out [B, H, Sq, D]``,
     ``k, v [B, Hkv, Sk, D]``, ``lse [B, H, Sq]`` fp32; ``scale`` is the softmax scale
     (a compile-time float) and ``plan`` the :class:`FlashAttentionBwdPlan` for these shapes.
@@ -906,9 +1006,21 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
     dq, dk and dv. A group split over the cores by query passes (fewer groups than cores)
     has each core write its dq rows and its fp32 dK/dV partial sums (scaled) to its own
     slot of the extra outputs ``dk_part, dv_part [lnc, split groups, Sk, D]``, returned
-    after dq, dk and dv; the op adds the slots in core order. ``attn_mask`` and
-    ``row_keys`` are the forward kernel's (None without them).
+    after dq, dk and dv; the op adds the slots in core order.
+
+    ``plan.packed``: dout, q, out, dq ``[B, Sq, H, D]`` and k, v, dk, dv ``[B, Sk, Hkv, D]``
+    (read and written through BHSD views). ``kv_bounds`` (``plan.runtime_bounds``): each
+    query row's visible keys, as the forward's; a row that sees none must come with a
+    finite ``lse`` (its P is then 0). ``attn_mask`` and ``row_keys`` are the forward
+    kernel's (None without them).
     """
+    if plan.packed:
+        dout, q, out = (
+            dout.permute((0, 2, 1, 3)),
+            q.permute((0, 2, 1, 3)),
+            out.permute((0, 2, 1, 3)),
+        )
+        k, v = k.permute((0, 2, 1, 3)), v.permute((0, 2, 1, 3))
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     assert (B, Hkv, H // Hkv, Sq, Sk, D) == (
@@ -920,14 +1032,28 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
         plan.d,
     ), "flash_attention_bwd: the plan was made for other shapes"
     assert nl.num_programs(0) == plan.lnc, "flash_attention_bwd: launch it [plan.lnc]"
-    dq = nl.ndarray((B, H, Sq, D), dtype=q.dtype, buffer=nl.shared_hbm, name="dq")
-    dk = nl.ndarray((B, Hkv, Sk, D), dtype=k.dtype, buffer=nl.shared_hbm, name="dk")
-    dv = nl.ndarray((B, Hkv, Sk, D), dtype=v.dtype, buffer=nl.shared_hbm, name="dv")
+    q_shape, k_shape = (B, H, Sq, D), (B, Hkv, Sk, D)
+    if plan.packed:
+        q_shape, k_shape = (B, Sq, H, D), (B, Sk, Hkv, D)
+    dq_hbm = nl.ndarray(q_shape, dtype=q.dtype, buffer=nl.shared_hbm, name="dq")
+    dk_hbm = nl.ndarray(k_shape, dtype=k.dtype, buffer=nl.shared_hbm, name="dk")
+    dv_hbm = nl.ndarray(k_shape, dtype=v.dtype, buffer=nl.shared_hbm, name="dv")
+    dq, dk, dv = dq_hbm, dk_hbm, dv_hbm
+    if plan.packed:
+        bhsd = (0, 2, 1, 3)
+        dq, dk, dv = dq_hbm.permute(bhsd), dk_hbm.permute(bhsd), dv_hbm.permute(bhsd)
+    assert (kv_bounds is None) == (not plan.runtime_bounds), (
+        "flash_attention_bwd: kv_bounds and plan.runtime_bounds go together"
+    )
+    bounds = load_bounds(kv_bounds, plan)
     core = nl.program_id(0)
     parts = (plan.lnc, plan.split_groups, Sk, D)
     if plan.split_groups:
         dk_part = nl.ndarray(parts, dtype=nl.float32, buffer=nl.shared_hbm, name="dk_part")
         dv_part = nl.ndarray(parts, dtype=nl.float32, buffer=nl.shared_hbm, name="dv_part")
+    dsink = None
+    if sinks is not None:
+        dsink = nl.ndarray((B, H, Sq, 1), dtype=nl.float32, buffer=nl.shared_hbm, name="dsink")
 
     tq, tk = plan.tile_q, plan.tile_k
     n_kt = (Sk + tk - 1) // tk
@@ -970,7 +1096,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
         for ps in passes:
             pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
         kb = plan.kv_block
-        qs_next = _query_pass_dma(dout, q, out, lse, b, passes[0], plan, feat)
+        qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[0], plan, bounds, feat)
         _query_pass_prepare(qs_next, plan, psum_dtype)
         kv_next = kv_all
         if kv_outer:
@@ -988,7 +1114,9 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
             has_next = i + 1 < len(passes)
             next_block = -1
             if has_next:
-                qs_next = _query_pass_dma(dout, q, out, lse, b, passes[i + 1], plan, feat)
+                qs_next = _query_pass_dma(
+                    dout, q, out, lse, sinks, dsink, b, passes[i + 1], plan, bounds, feat
+                )
                 if kv_outer and len(pass_pairs[i + 1]) > 0:
                     next_block = pass_pairs[i + 1][0].j // kb
             if kv_outer and n_kt <= kb and next_block >= 0:
@@ -1013,6 +1141,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
                 if len(blocks) == 0 or blocks[-1] != jb:
                     blocks.append(jb)
             states = [None] * n_pairs  # per pair: its PairTiles, from stage 1 to stage 3
+            tanhs = [None] * n_pairs  # softcap: per pair its tanh(scale S / softcap) tile
             drop = [None] * n_pairs  # dropout: per pair its DropBits, made ahead of stage 1
             masks = [None] * n_pairs  # a mask with a query dim: per pair its tile, loaded ahead
             stored_mask = plan.mask and not plan.mask_row
@@ -1047,10 +1176,29 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
                             ahead, dst_tiles = next_block, kv_next
                     if ahead >= 0 and first:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
-                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan, drop[n], masks[n])
-                    drop[n], masks[n] = None, None
+                    if plan.softcap and plan.tanh_blocks == 0:
+                        tanhs[n] = _tanh_scores(qs, kv_tiles[pair.j], pair, scale, plan)
+                    if plan.softcap and plan.tanh_blocks > 0 and first and tanhs[n] is None:
+                        # tanh of the whole key block's pairs at once: ScalarE switches
+                        # its activation table (tanh, exp) twice per block, not per pair
+                        m = n
+                        while m < n_pairs and kv_group[m] == kv_group[n]:
+                            tanhs[m] = _tanh_scores(qs, kv_tiles[pairs[m].j], pairs[m], scale, plan)
+                            m += 1
+                    kv_n = kv_tiles[pair.j]
+                    states[n] = _scores(qs, kv_n, pair, scale, plan, tanhs[n], drop[n], masks[n])
+                    tanhs[n], drop[n], masks[n] = None, None, None
                     if ahead >= 0 and last:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
+                        if plan.softcap and plan.tanh_blocks == 2 and dst_tiles is kv_tiles:
+                            # the next key block of this pass is loaded: its tanh burst now,
+                            # while this block's pairs drain, not when its first pair starts
+                            m = n + 1
+                            while m < n_pairs and kv_group[m] == ahead:
+                                tanhs[m] = _tanh_scores(
+                                    qs, kv_tiles[pairs[m].j], pairs[m], scale, plan
+                                )
+                                m += 1
                     if n == n_pairs - 1 and has_next:
                         _query_pass_prepare(qs_next, plan, psum_dtype)
                         prepared = True
@@ -1087,9 +1235,13 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, scale, plan, attn_mask=N
                 dv_dst = dv_part[core, slot, k0 : k0 + n_k, :]
             _store_scaled(dk_dst, dk_src, n_k, scale, D)
             _store_scaled(dv_dst, dv_src, n_k, plan.inv_keep, D)  # dropout: 1 / (1 - p)
+    if plan.split_groups and sinks is not None:
+        return dq_hbm, dk_hbm, dv_hbm, dk_part, dv_part, dsink
     if plan.split_groups:
-        return dq, dk, dv, dk_part, dv_part
-    return dq, dk, dv
+        return dq_hbm, dk_hbm, dv_hbm, dk_part, dv_part
+    if sinks is not None:
+        return dq_hbm, dk_hbm, dv_hbm, dsink
+    return dq_hbm, dk_hbm, dv_hbm
 
 
 # -- op-level glue: shapes, limits, reference -------------------------------------------------
@@ -1310,8 +1462,6 @@ def run_kernels(
         dsinks = torch.zeros_like(sinks)
     if 0 in (*q.shape, k.shape[1], k.shape[2]):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
-    if sinks is not None:
-        raise LimitError(OP, "sinks", "is not in the kernel yet (reference only)", "a tensor")
     features = (attn_mask, dropout_p, dropout_seed)
     tiles = SPEC.check(
         problem(dout, q, k, v, out, lse, causal, softmax_scale, window, softcap, sinks, *features),
@@ -1324,7 +1474,11 @@ def run_kernels(
     extra = ()
     if attn_mask is not None or dropout_p:  # plain attention launches as it always did
         b, h, sq, _ = q.shape
-        extra = (kernel_mask(attn_mask), kernel_row_keys(dropout_p, dropout_seed, b, h, sq))
+        extra = (None, kernel_mask(attn_mask), kernel_row_keys(dropout_p, dropout_seed, b, h, sq))
+    sink_rows = None
+    if sinks is not None:  # each head's sink on every partition row: [H, 128, 1] fp32
+        h = q.shape[1]
+        sink_rows = sinks.float().reshape(h, 1, 1).expand(h, tiles.tile_q, 1).contiguous()
     outs = runner(
         flash_attention_bwd_kernel[tiles.lnc],
         dout.contiguous(),
@@ -1333,11 +1487,14 @@ def run_kernels(
         v.contiguous(),
         out.contiguous(),
         lse.contiguous(),
+        sink_rows,
         scale,
         tiles,
         *extra,
     )
     dq, dk, dv = outs[:3]
+    if sinks is not None:  # the kernel's per-row parts, summed over batch and rows
+        dsinks = outs[-1].sum(dim=(0, 2, 3)).to(sinks.dtype)
     if tiles.split_groups:  # groups split over the cores: their fp32 dK/dV partials, added
         # in core order and rounded once (deterministic: the same order every run)
         dk_part, dv_part = outs[3], outs[4]
@@ -1464,6 +1621,12 @@ SPEC = register(
                 "sq": (1, 160),
                 "sk": (1, 160),
                 "d": (1, 136),
+                "causal": (0, 1),
+                # as the forward's: negative draws leave the window side / softcap off
+                "window_left": (-160, 160),
+                "window_right": (-160, 160),
+                "softcap": (-60, 60),
+                "sinks": (0, 1),
             },
             "edges": (1, 2, 3, 64, 127, 128, 129),
             # every config runs here, checked: causal with Sq > Sk (fully masked rows),

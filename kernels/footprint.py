@@ -61,6 +61,15 @@ _INSTRUCTIONS: dict[str, Callable[[dict], int]] = {
     "flash_attention_bwd": lambda p: (
         16 * p["b"] * p["hkv"] * p["groups"] * _tiles(p["sq"], 128) * _tiles(p["sk"], 128) + 16
     ),
+    # Varlen: the BHSD kernels on the packed batch (B = 1) with every tile traced (no band)
+    # and masked at run time: 28 per (128-query, 512-key) tile per head forward (24 + the
+    # scaled copy and range_select), 20 per (128, 128) pair per query head backward.
+    "flash_attention_varlen_fwd": lambda p: (
+        28 * p["h"] * _tiles(p["total_q"], 128) * _tiles(p["total_k"], 512) + 16
+    ),
+    "flash_attention_varlen_bwd": lambda p: (
+        20 * p["hkv"] * p["groups"] * _tiles(p["total_q"], 128) * _tiles(p["total_k"], 128) + 16
+    ),
     # 4 / 6 per 128-row x 512-column chunk (traced: 2.5 / 4.6 at 1024x2048).
     "rms_norm_fwd": lambda p: 4 * _tiles(p["rows"], 128) * _tiles(p["h"], 512) + 16,
     "rms_norm_bwd": lambda p: 6 * _tiles(p["rows"], 128) * _tiles(p["h"], 512) + 16,

@@ -121,9 +121,10 @@ class RmsNormConfig(TunableConfig):
         1, (1, 4), "modeled: at H >= 1024 one row per partition already moves >= 2 KiB per DMA row"
     )
     h_chunk: int = tunable(
-        2048,
+        512,
         (512, 2048),
-        "modeled: 2048 amortises the per-instruction overhead; larger saves no time",
+        "modeled: with the statistics/normalize defaults, 75% of the DMA floor at [4096, 4096] "
+        "bf16 vs 58% for 2048 (512-wide chunks alternate between VectorE and GpSimd)",
     )
     weight_broadcast: str = tunable(
         "dma",
@@ -131,14 +132,16 @@ class RmsNormConfig(TunableConfig):
         "modeled: one broadcast DMA per kernel costs less than the PE path's PSUM copies",
     )
     statistics: str = tunable(
-        "scalar",
+        "scalar_gpsimd",
         ("scalar", "scalar_gpsimd", "vector"),
-        "modeled: 70.4% of the DMA floor at [4096, 4096] bf16 vs 67.9% for scalar_gpsimd",
+        "modeled: with normalize vector_gpsimd, 75% / 92% of the DMA floor at [4096, 4096] / "
+        "[16384, 8192] bf16 vs 63% / 86% for scalar; no slower in any casting mode or dtype "
+        "(llama, gemma, none x bf16, fp32 at four shapes)",
     )
     normalize: str = tunable(
-        "vector",
+        "vector_gpsimd",
         ("vector", "scalar", "vector_gpsimd"),
-        "modeled: 70.4% of the DMA floor at [4096, 4096] bf16 vs 69.9% / 46.7% for the others",
+        "modeled: 75% of the DMA floor at [4096, 4096] bf16 vs 55% for vector (VectorE binds)",
     )
 
 

@@ -128,6 +128,10 @@ class Target:
     def has_dma_transpose(self) -> bool:  # [v3] "DMA transpose"
         return self.nc_version >= 3
 
+    @property
+    def has_range_select(self) -> bool:  # nisa.range_select, v3+ [isa]
+        return self.nc_version >= 3
+
     def check_dma_transpose(self, op: str, arg: str, dtype: str, itemsize: int) -> None:
         """Refuse a DMA transpose this target cannot run: none before NeuronCore-v3, and
         only of 2-byte elements. [v3] "DMA transpose"; [isa] dma_transpose.

@@ -1,5 +1,5 @@
 """The import graph points one way: hardware facts at the bottom, then the interpreter, the
-cost model and the kernels, then the ops, with the CLIs on top.
+cost model and the kernels, then the ops, with the CLIs and the integrations on top.
 
 Two views: every ``neuron_kernels`` import in the source (module level or inside a
 function), checked against the layer rules below; and what importing a layer actually
@@ -39,10 +39,19 @@ ALLOWED = {
     | {"hardware", "fingerprint", "interpreter", "cost_model", "kernels", "testing"}
     | {"autotune.results", "torch_ops"},
     "perf_results": BOTTOM | {"hardware", "backend"},
-    "cli": set(),  # the top: anything (checked below to be the only unit above the ops)
+    "cli": set(),  # the top: anything
+    # other libraries' models on the ops (neuron_kernels.integrations.transformers)
+    "integrations": BOTTOM | {"torch_ops"},
     "": {"torch_ops"} | BOTTOM,  # neuron_kernels/__init__.py: the public facade
 }
-NOT_ON_THE_OPS_PATH = ("neuron_kernels.cost_model", "neuron_kernels.cli", "optuna", "matplotlib")
+NOT_ON_THE_OPS_PATH = (
+    "neuron_kernels.cost_model",
+    "neuron_kernels.cli",
+    "neuron_kernels.integrations",
+    "optuna",
+    "matplotlib",
+    "transformers",
+)
 
 
 def _package_dirs() -> dict[str, Path]:

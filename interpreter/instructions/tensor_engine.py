@@ -113,8 +113,8 @@ def _tiling(check: OperandChecks, tile_position, tile_size, k: int, m: int):
     return (int(row_size), int(col_size), int(start_row), int(start_col))
 
 
-def _accumulation(check: OperandChecks, state: np.ndarray, accumulate):
-    """Per-element accumulate decision from the PSUM state: ``(mode, mask)`` where mode is
+def _accumulation(check: OperandChecks, dst: NkiTensor, accumulate):
+    """Per-element accumulate decision from the PSUM state of ``dst``: ``(mode, mask)`` where mode is
     "overwrite", "accumulate" or "mixed" and mask (mixed only) marks accumulating elements.
 
     ``None`` accumulates where the location was previously written by a matmul (the docs:
@@ -130,7 +130,11 @@ def _accumulation(check: OperandChecks, state: np.ndarray, accumulate):
     # States are ordered (unwritten < value-written < matmul-written), so one min/max pass
     # decides the common all-or-nothing cases without temporaries.
     need = PSUM_VALUE_WRITTEN if tg.has_psum_value_init_accumulate else PSUM_MATMUL_WRITTEN
-    lowest = int(state.min())
+    # A tile whose elements all have one state (the common case: whole-tile writes) answers
+    # without reading its per-element array.
+    uniform = dst._psum_uniform()
+    state = dst._psum_state() if uniform is None else None
+    lowest = uniform if state is None else int(state.min())
     if lowest >= need:
         return "accumulate", None
     if accumulate:
@@ -144,7 +148,7 @@ def _accumulation(check: OperandChecks, state: np.ndarray, accumulate):
             why,
             hint="use accumulate=(k > 0) or leave accumulate=None",
         )
-    if int(state.max()) < need:
+    if state is None or int(state.max()) < need:
         return "overwrite", None
     return "mixed", state >= need
 
@@ -167,8 +171,8 @@ def _store(dst: NkiTensor, values: np.ndarray, mode: str, mask, raw: bool) -> No
     arr[...] = dtypes.convert(total, dst.dtype, dst._storage.precise_fp)
 
 
-def _mark_matmul_written(dst: NkiTensor, state: np.ndarray) -> None:
-    state[...] = PSUM_MATMUL_WRITTEN
+def _mark_matmul_written(dst: NkiTensor) -> None:
+    dst._psum_set(PSUM_MATMUL_WRITTEN)
     dst._storage.written = True
 
 
@@ -317,7 +321,7 @@ def nc_matmul(
     _check_bank(check, dst, banks)
 
     # accumulation
-    state = dst._psum_state()
+    dst._psum_uniform()  # (refuses a view reinterpreted to another element size)
     if transpose_mode and accumulate is not True:
         mode, mask = "overwrite", None  # a transpose is a copy; nc_transpose never accumulates
     else:
@@ -328,7 +332,7 @@ def nc_matmul(
                 "into float32 (or bfloat16 on NeuronCore-v4) tiles",
                 True,
             )
-        mode, mask = _accumulation(check, state, accumulate)
+        mode, mask = _accumulation(check, dst, accumulate)
 
     # math
     if check.compute:
@@ -350,7 +354,7 @@ def nc_matmul(
             with np.errstate(all="ignore"):
                 result = np.matmul(a.T, b)
             _store(dst, result, mode, mask, raw=False)
-    _mark_matmul_written(dst, state)
+    _mark_matmul_written(dst)
     return check.record(
         "tensor",
         [stationary, moving],
@@ -423,7 +427,7 @@ def nc_transpose(dst, data, engine=Engine.unknown, name=None):
         else:
             dst._write(values.reshape(dst.shape), raw=raw)
     if eng == "tensor":
-        _mark_matmul_written(dst, dst._psum_state())
+        _mark_matmul_written(dst)
     elif not check.compute:
         dst._write(None)  # marks PSUM state / written flag only
     attrs = (

@@ -194,7 +194,13 @@ def tensor_copy(dst, src, engine=Engine.unknown, name=None):
     dst = check.engine_operand("dst", dst, eng, write=True)
     check.same_partitions(("src", src), ("dst", dst))
     check.same_free(("src", src), ("dst", dst))
-    if eng != "scalar" and src.dtype == dst.dtype:
+    if not check.compute:  # trace-only: the read's refusals and the write's state, no values
+        if eng != "scalar" and src.dtype == dst.dtype:
+            src._np_dtype()  # (_read_raw refuses a dtype the interpreter cannot store)
+        else:
+            src._check_numeric_read()  # (as _read_f32)
+        dst._write(None)
+    elif eng != "scalar" and src.dtype == dst.dtype:
         dst._write(src._read_raw().reshape(dst.shape), raw=True)
     else:
         dst._write(src._read_f32().reshape(dst.shape))
@@ -271,6 +277,10 @@ def tensor_tensor(dst, data1, data2, op, engine=Engine.unknown, name=None):
         dst._write(apply_binary(op, a.reshape(dst.shape), b.reshape(dst.shape)))
     elif eng == "gpsimd" and all_int32:
         dst._write(_int32_math(op, data1, data2, dst), raw=True)
+    elif not check.compute:  # trace-only: the reads' refusals (as _read_f32), no arithmetic
+        data1._check_numeric_read()
+        data2._check_numeric_read()
+        dst._write(None)
     else:
         a, b = data1._read_f32().reshape(dst.shape), data2._read_f32().reshape(dst.shape)
         dst._write(apply_binary(op, a, b))

@@ -401,6 +401,10 @@ def test_trn2_smoke_example_passes_on_the_doubles(node, capsys):
     # issue 28: one line per op launched at LNC=2 (here on the interpreter's two cores)
     for op in ("matmul", "rms_norm_fwd", "rms_norm_bwd", "flash_attention_fwd", "fused_adamw_"):
         assert f"PASS {op} at LNC=2: " in out, out
+    # issue 33: packed (varlen) attention, eager and compiled, and its kernels at LNC=2
+    for line in ("flash_attention_varlen eager: ", "flash_attention_varlen compiled: "):
+        assert f"PASS {line}" in out, out
+    assert "PASS flash_attention_varlen_bwd at LNC=2: " in out, out
 
 
 def test_trn2_smoke_example_fails_off_a_trn2_node(monkeypatch, capsys):

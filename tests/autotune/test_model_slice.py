@@ -28,6 +28,11 @@ SLICED_SHAPES = [  # two batches x two KV heads: four pieces, GQA groups of four
     ("flash_attention_fwd", "2x8x2x1024x1024x128"),
     ("flash_attention", "2x8x2x1024x1024x128:causal"),
     ("flash_attention_bwd", "2x2x4x1024x1024x128:causal"),
+    # varlen: the packed batch is one BHSD batch of four KV heads (4 sequences of 256 packed
+    # to 1024, self-attention packing), its groups the pieces
+    ("flash_attention_varlen_fwd", "4x1024x1024x16x4x128x256x256:causal:same_packing"),
+    ("flash_attention_varlen", "4x1024x1024x16x4x128x256x256:causal:same_packing"),
+    ("flash_attention_varlen_bwd", "4x1024x1024x4x4x128x256x256:causal:same_packing"),
 ]
 
 
@@ -43,8 +48,9 @@ def test_slice_times_copies_bounds_the_full_trace_from_above(name, shape, lnc):
     spec = REGISTRY[name]
     point = make_point(spec, shape, "bfloat16")
     traced, copies = spec.model_slice(point.problem, lnc)
-    assert copies == point.problem["b"] * point.problem["hkv"] // lnc == 4 // lnc
-    assert traced["b"] == 1 and traced["hkv"] == lnc  # one group per core
+    batch = point.problem.get("b", 1)  # varlen problems have none: one packed batch
+    assert copies == batch * point.problem["hkv"] // lnc == 4 // lnc
+    assert traced.get("b", 1) == 1 and traced["hkv"] == lnc  # one group per core
     backend = ModelBackend("trn2", lnc=lnc)
     config = spec.config.default()
     sliced = backend.measure(spec, point.problem, "bfloat16", config)

@@ -255,3 +255,177 @@ def test_softcap_caps_the_scores_and_autograd_agrees():
     (ref * weight.double()).sum().backward()
     for a, b in zip(leaves, ref_leaves):
         assert_within_tolerance(a.grad, b.grad, BWD.tolerances["float32"], "[softcap grads]")
+
+
+# -- attention sinks ---------------------------------------------------------------------
+
+# Sink values: -inf (no sink), large positive (the sink takes nearly all the weight), and
+# drawn ones (N(0, 2^2), make_inputs).
+SINK_VALUES = (None, float("-inf"), 30.0, -3.0)
+
+
+def _with_sinks(args, at, values, spec):
+    """``args`` with the sinks (argument ``at``) set to ``values`` (one per head, cycled)
+    when given; the backward's out and lse are recomputed by the fp64 reference."""
+    args = list(args)
+    if values is not None:
+        h = args[at].shape[0]
+        args[at] = torch.tensor([values[i % len(values)] for i in range(h)])
+    if spec is BWD:
+        q, k, v = args[1:4]
+        out, lse = fa.attention_reference(q, k, v, args[6], None, *args[8:11])
+        args[4], args[5] = out.to(q.dtype), lse.float()
+    return tuple(args)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sq=st.sampled_from(SEQS),
+    sk=st.sampled_from(SEQS),
+    sink=st.sampled_from(SINK_VALUES),
+    causal=st.booleans(),
+    left=st.sampled_from(SIDES),
+    softcap=st.sampled_from([0.0, 30.0]),
+    softmax=st.sampled_from(["two_pass", "online"]),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**16),
+)
+def test_sinks_forward_matches_fp64_reference(
+    sq, sk, sink, causal, left, softcap, softmax, dtype, seed
+):
+    """out and lse (which includes the sink) within the declared tolerance, both softmaxes,
+    with windows and softcap; sink values -inf, 30 (large) and drawn."""
+    problem = _fwd_problem(sq, sk, causal, left, -1, softcap=softcap, sinks=True)
+    args = FWD.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
+    args = _with_sinks(args, 7, None if sink is None else (sink, 0.5), FWD)
+    out = run_kernel(FWD, args, fa.FlashAttentionConfig(softmax=softmax))
+    ref = FWD.reference(*args, upcast=True)
+    assert_within_tolerance(out, ref, FWD.tolerances[dtype], f"[{problem} {sink} {softmax}]")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sq=st.sampled_from(SEQS),
+    sk=st.sampled_from(SEQS),
+    sink=st.sampled_from(SINK_VALUES),
+    causal=st.booleans(),
+    left=st.sampled_from(SIDES),
+    softcap=st.sampled_from([0.0, 30.0]),
+    dtype=st.sampled_from(DTYPES),
+    lnc=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_sinks_backward_matches_fp64_reference(
+    sq, sk, sink, causal, left, softcap, dtype, lnc, seed
+):
+    """dq, dk, dv and dsinks (the kernel's per-row parts, summed by the op) within the
+    declared tolerance, at LNC 1 and 2 (two batches: a head's rows on both cores)."""
+    problem = {**_bwd_problem(sq, sk, causal, left, -1, softcap=softcap, sinks=True), "b": 2}
+    args = BWD.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
+    args = _with_sinks(args, 10, None if sink is None else (sink, 0.5), BWD)
+    grads = run_kernel(BWD, args, target="trn2", lnc=lnc)
+    assert torch.isfinite(grads[3]).all()
+    ref = BWD.reference(*args, upcast=True)
+    assert_within_tolerance(grads, ref, BWD.tolerances[dtype], f"[{problem} {sink} {lnc}]")
+
+
+def test_sinks_on_fully_masked_rows():
+    """Rows that see no key (causal, Sq > Sk): out = 0 and lse = the head's sink (-inf for a
+    sink of -inf); their dsinks part is 0, and every dsinks entry is finite."""
+    problem = _fwd_problem(300, 100, True, sinks=True)
+    args = _with_sinks(
+        FWD.make_inputs(problem, "float32", torch.Generator()), 7, (2.5, float("-inf")), FWD
+    )
+    out, lse = run_kernel(FWD, args)
+    assert torch.equal(out[:, :, :200], torch.zeros_like(out[:, :, :200]))
+    assert (lse[0, 0, :200] == 2.5).all() and torch.isneginf(lse[0, 1, :200]).all()
+    bwd = _with_sinks(
+        BWD.make_inputs(_bwd_problem(300, 100, True, sinks=True), "float32", torch.Generator()),
+        10,
+        (2.5, float("-inf")),
+        BWD,
+    )
+    grads = run_kernel(BWD, bwd)
+    assert torch.isfinite(grads[3]).all() and grads[3][1] == 0
+    assert_within_tolerance(grads, BWD.reference(*bwd), BWD.tolerances["float32"], "[dead]")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_autograd_through_the_op_gives_the_references_dsinks(dtype):
+    """torch.ops.neuron.flash_attention with sinks (the kernels on the interpreter, forward
+    and backward): the gradients of q, k, v and the sinks (returned in the sinks' dtype)
+    match fp64 autograd through attention_reference, at the op's declared tolerance."""
+    from neuron_kernels.torch_ops import cpu_mode
+
+    g = torch.Generator().manual_seed(7)
+    t = getattr(torch, dtype)
+    q = torch.randn(1, 4, 150, 32, generator=g).to(t)
+    k, v = (torch.randn(1, 2, 170, 32, generator=g).to(t) for _ in range(2))
+    sinks = (torch.randn(4, generator=g) * 2).to(t)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, sinks)]
+    weight = torch.randn(1, 4, 150, 32, generator=g)
+    with cpu_mode("interpret"):
+        out = torch.ops.neuron.flash_attention(*leaves[:3], True, None, [100, 0], 20.0, leaves[3])
+    (out.float() * weight).sum().backward()
+    assert leaves[3].grad.dtype == t and leaves[3].grad.shape == (4,)
+    ref_leaves = [x.detach().double().requires_grad_(True) for x in (q, k, v, sinks)]
+    ref = fa.attention_reference(*ref_leaves[:3], True, None, (100, 0), 20.0, ref_leaves[3])[0]
+    (ref * weight.double()).sum().backward()
+    # The forward's out is rounded to the dtype before the backward reads it (its D): the
+    # backward's declared tolerance covers that (it is the contract suite's autograd bar).
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), leaves, ref_leaves):
+        assert_within_tolerance(a.grad, b.grad, BWD.tolerances[dtype], f"[{name} {dtype}]")
+
+
+def test_wide_window_tiles_split_on_both_edges():
+    """k_tile=512 and a window (700, 300) at Sq = Sk = 1100: key tiles split into masked and
+    raw runs at both edges (up to 4 extra spans per query tile, within the plan's lead)."""
+    config = fa.FlashAttentionConfig(k_tile=512, softmax="two_pass")
+    _check_fwd(_fwd_problem(1100, 1100, False, 700, 300, h=1), "float32", 3, config)
+    _check_fwd(_fwd_problem(1100, 1100, False, 700, 300, 20.0, h=1), "bfloat16", 4, config)
+
+
+@pytest.mark.parametrize("spec", [FWD, BWD], ids=["forward", "backward"])
+def test_plans_bound_the_measured_peaks_with_every_feature(spec):
+    """With a window, softcap (the forward's tanh bursts and the backward's key-block tanh
+    tiles) and sinks, the plan's SBUF bytes and PSUM banks bound what the interpreter
+    measures (trace-only)."""
+    if spec is FWD:
+        problem = _fwd_problem(512, 4096, True, 1024, -1, 50.0, True, h=2, d=128)
+    else:
+        problem = {**_bwd_problem(1024, 1024, True, 300, -1, 50.0, True, d=128), "groups": 2}
+    args = spec.make_inputs(problem, "bfloat16", torch.Generator())
+    runs = []
+    spec.run_kernels(
+        *args,
+        config=spec.config.default(),
+        runner=interpreter_runner_for("trn2", compute=False, runs=runs),
+    )
+    plan = spec.check(spec.problem(*args), "bfloat16", spec.config.default(), "trn2")
+    peak = runs[0].memory[0]
+    assert peak.sbuf_bytes <= plan.sbuf_bytes and peak.psum_banks <= plan.psum_banks, (peak, plan)
+
+
+@pytest.mark.parametrize("tanh_blocks", [0, 1, 2])
+def test_softcap_backward_at_every_tanh_lookahead(tanh_blocks, monkeypatch):
+    """The backward's softcap tanh tiles made per pair (0), per key block (1) or a block
+    ahead (2, SBUF permitting: the plan picks the most that fit) give the same gradients
+    within the declared tolerance, over several key blocks and passes (tile_k 64)."""
+    import dataclasses
+
+    spec = fab.SPEC
+
+    def forced(problem, dtype, config, target, lnc=1):
+        return dataclasses.replace(
+            spec.plan(problem, dtype, config, target, lnc), tanh_blocks=tanh_blocks
+        )
+
+    monkeypatch.setattr(fab, "SPEC", dataclasses.replace(spec, plan=forced))
+    problem = _bwd_problem(600, 700, True, 300, -1, softcap=20.0)
+    args = spec.make_inputs(problem, "float32", torch.Generator().manual_seed(8))
+    grads = fab.run_kernels(*args, config=spec.config(tile_k=64, q_block=4), runner=_interp())
+    assert_within_tolerance(grads, spec.reference(*args), spec.tolerances["float32"], "[tanh]")
+
+
+def _interp():
+    return interpreter_runner_for("trn2")

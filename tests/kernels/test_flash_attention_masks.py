@@ -221,3 +221,84 @@ def test_float_mask_requiring_grad_is_refused():
     assert err.value.arg == "attn_mask"
     with torch.no_grad():  # no autograd: nothing to refuse
         torch.ops.neuron.flash_attention(q, k, v, False, None, None, 0.0, None, mask)
+
+
+def _combined(name, g):
+    """Mask and dropout with main's features (sinks, softcap, window) on one problem: 3
+    query tiles over 1100 keys (3 key tiles: softcap's max bursts span several)."""
+    b, h, hkv, sq, sk = 1, 2, 1, 300, 1100
+    q, k, v = _qkv(b, h, hkv, sq, sk, 16, "float32", g)
+    sinks = torch.randn(h, generator=g) * 2.0
+    bool_mask = _mask("1hqk", "bool", b, h, sq, sk, g)  # rows 0 and Sq - 1 see nothing
+    float_mask = _mask("bhqk", "float", b, h, sq, sk, g)
+    pad = _mask("b11k", "bool", b, h, sq, sk, g)
+    seed = torch.tensor([3, 9])
+    no_sink = torch.full((h,), float("-inf"))
+    cases = {
+        "sinks, bool mask with dead rows": (True, None, 0.0, sinks, bool_mask, 0.0, None),
+        "sinks -inf, bool mask with dead rows": (True, None, 0.0, no_sink, bool_mask, 0.0, None),
+        "sinks, softcap, float mask": (False, None, 30.0, sinks, float_mask, 0.0, None),
+        "softcap, window, bool mask": (True, (200, 0), 20.0, None, bool_mask, 0.0, None),
+        "sinks, padding mask, dropout": (True, None, 0.0, sinks, pad, 0.2, seed),
+        "sinks, softcap, window, dropout": (True, (300, 0), 30.0, sinks, None, 0.1, seed),
+    }
+    causal, window, softcap, sinks, mask, p, seed = cases[name]
+    return (q, k, v, causal, None, window, softcap, sinks, mask, p, seed)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sinks, bool mask with dead rows",
+        "sinks -inf, bool mask with dead rows",
+        "sinks, softcap, float mask",
+        "softcap, window, bool mask",
+        "sinks, padding mask, dropout",
+        "sinks, softcap, window, dropout",
+    ],
+)
+def test_mask_and_dropout_combine_with_sinks_softcap_and_window(name):
+    """The mask and dropout with attention sinks, a softcap and a window (the contract in
+    kernels/flash_attention.py: the sink joins every row's denominator; "rows ... see
+    nothing: out = 0, lse = -inf (sink_h with sinks)"): forward out and lse in both
+    softmaxes and backward dq, dk, dv, dsinks within the ops' tolerances of the fp64
+    references, never NaN; with a finite sink a row the mask leaves with no key has lse =
+    its sink."""
+    args = _combined(name, torch.Generator().manual_seed(5))
+    ref = FWD.reference(*args, upcast=True)
+    for softmax in ("two_pass", "online"):
+        out = run_kernel(FWD, args, fa.FlashAttentionConfig(softmax=softmax))
+        assert_within_tolerance(out, ref, FWD.tolerances["float32"], f"[{name} {softmax}]")
+        assert not torch.isnan(out[0]).any() and not torch.isnan(out[1]).any()
+    sinks, mask = args[7], args[8]
+    if mask is not None and mask.shape[2] > 1:  # rows 0 and Sq - 1: no key
+        for row in (0, mask.shape[2] - 1):
+            assert torch.equal(out[0][:, :, row], torch.zeros_like(out[0][:, :, row]))
+            dead_lse = torch.full((2,), float("-inf")) if sinks is None else sinks.float()
+            assert torch.equal(out[1][0, :, row], dead_lse)
+    q = args[0]
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(6))
+    o, lse = fa.attention_reference(*args, upcast=True)
+    bargs = (dout, *args[:3], o.float(), lse.float(), *args[3:])
+    grads = run_kernel(BWD, bargs)
+    assert grads[3].shape == (0,) if sinks is None else grads[3].shape == sinks.shape
+    ref_grads = BWD.reference(*bargs, upcast=True)
+    assert_within_tolerance(grads, ref_grads, BWD.tolerances["float32"], f"[{name} bwd]")
+
+
+def test_varlen_plans_refuse_mask_and_dropout():
+    """Run-time key bounds and packed rows (the varlen ops' plans) take no mask and no
+    dropout: both plans refuse the combination naming the argument (kernels/
+    flash_attention.py, "The mask and dropout are BHSD-only")."""
+    fwd = {"b": 1, "h": 2, "hkv": 1, "sq": 128, "sk": 128, "d": 16, "causal": True}
+    bwd = {"b": 1, "hkv": 1, "groups": 2, "sq": 128, "sk": 128, "d": 16, "causal": True}
+    for spec, base in ((FWD, fwd), (BWD, bwd)):
+        for varlen in ({"runtime_bounds": True, "packed": True}, {"packed": True}):
+            for feature, arg in (({"mask": "bool", "mask_dims": "b11k"}, "attn_mask"),
+                                 ({"dropout_p": 0.1}, "dropout_p")):  # fmt: skip
+                problem = {**base, **varlen, **feature}
+                with pytest.raises(LimitError) as err:
+                    spec.plan(problem, "float32", spec.config.default(), fa.TARGETS["trn2"])
+                assert err.value.arg == arg and "varlen" in str(err.value)
+        spec.plan({**base, "runtime_bounds": True, "packed": True}, "float32",
+                  spec.config.default(), fa.TARGETS["trn2"])  # fmt: skip

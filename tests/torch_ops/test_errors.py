@@ -53,7 +53,8 @@ def test_rms_norm_sbuf_refusal_names_h_and_its_limit():
     with cpu_mode("interpret"), pytest.raises(LimitError) as info:
         torch.ops.neuron.rms_norm(x, w)
     message = str(info.value)
-    assert "H (x.shape[-1]) must be <= 100334 for dtype bfloat16" in message, message
+    # the README's "Largest H" for the default config
+    assert "H (x.shape[-1]) must be <= 104942 for dtype bfloat16" in message, message
     assert "h_chunk" not in message and "rows_per_partition" not in message
 
 
