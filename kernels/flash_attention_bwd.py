@@ -1271,27 +1271,33 @@ def validate(
         OP, q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
         dropout_seed,
     )  # fmt: skip
+    validate_saved(OP, q, dout, out, lse, tuple(q.shape[:3]), "[B, H, Sq]")
+
+
+def validate_saved(op, q, dout, out, lse, lse_shape: tuple, lse_layout: str) -> None:
+    """The backward's checks on what the forward saved and the incoming gradient: ``dout``
+    and ``out`` shaped, typed and placed as ``q``, ``lse`` of ``lse_shape`` (named
+    ``lse_layout`` in the error) float32 on q's device (the BHSD and the varlen ops)."""
     for arg, t in (("dout", dout), ("out", out), ("lse", lse)):
         if not isinstance(t, torch.Tensor):
-            raise LimitError(OP, arg, "must be a torch.Tensor", type(t).__name__)
+            raise LimitError(op, arg, "must be a torch.Tensor", type(t).__name__)
     for arg, t in (("dout", dout), ("out", out)):
         if tuple(t.shape) != tuple(q.shape):
             raise LimitError(
-                OP, f"{arg} shape", f"must equal q's shape {tuple(q.shape)}", tuple(t.shape)
+                op, f"{arg} shape", f"must equal q's shape {tuple(q.shape)}", tuple(t.shape)
             )
         if t.dtype != q.dtype:
             raise LimitError(
-                OP, f"{arg} dtype", f"must equal q's dtype ({dtype_name(q)})", dtype_name(t)
+                op, f"{arg} dtype", f"must equal q's dtype ({dtype_name(q)})", dtype_name(t)
             )
-    want = tuple(q.shape[:3])
-    if tuple(lse.shape) != want:
-        raise LimitError(OP, "lse shape", f"must be [B, H, Sq] = {want}", tuple(lse.shape))
+    if tuple(lse.shape) != lse_shape:
+        raise LimitError(op, "lse shape", f"must be {lse_layout} = {lse_shape}", tuple(lse.shape))
     if lse.dtype != torch.float32:
-        raise LimitError(OP, "lse dtype", "must be float32", dtype_name(lse))
+        raise LimitError(op, "lse dtype", "must be float32", dtype_name(lse))
     for arg, t in (("dout", dout), ("out", out), ("lse", lse)):
         if t.device != q.device:
             raise LimitError(
-                OP, f"{arg} device", f"must equal q's device ({q.device})", str(t.device)
+                op, f"{arg} device", f"must equal q's device ({q.device})", str(t.device)
             )
 
 

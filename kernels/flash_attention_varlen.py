@@ -893,26 +893,7 @@ def validate_bwd(
         BWD_OP, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
         softmax_scale,
     )  # fmt: skip
-    for arg, t in (("dout", dout), ("out", out), ("lse", lse)):
-        if not isinstance(t, torch.Tensor):
-            raise LimitError(BWD_OP, arg, "must be a torch.Tensor", type(t).__name__)
-    for arg, t in (("dout", dout), ("out", out)):
-        if tuple(t.shape) != tuple(q.shape):
-            raise LimitError(
-                BWD_OP, f"{arg} shape", f"must equal q's {tuple(q.shape)}", tuple(t.shape)
-            )
-        if t.dtype != q.dtype:
-            raise LimitError(
-                BWD_OP, f"{arg} dtype", f"must equal q's ({dtype_name(q)})", dtype_name(t)
-            )
-    want = (q.shape[1], q.shape[0])
-    if tuple(lse.shape) != want:
-        raise LimitError(BWD_OP, "lse shape", f"must be [H, total_q] = {want}", tuple(lse.shape))
-    if lse.dtype != torch.float32:
-        raise LimitError(BWD_OP, "lse dtype", "must be float32", dtype_name(lse))
-    for arg, t in (("dout", dout), ("out", out), ("lse", lse)):
-        if t.device != q.device:
-            raise LimitError(BWD_OP, f"{arg} device", f"must equal q's ({q.device})", str(t.device))
+    fab.validate_saved(BWD_OP, q, dout, out, lse, (q.shape[1], q.shape[0]), "[H, total_q]")
 
 
 def _bad_inputs(op):
