@@ -7,12 +7,15 @@ none is a measurement. Run it by hand::
     python benchmarks/flash_attention.py [--seq 4096] [--groups 1] [--skip-backward]
     python benchmarks/flash_attention.py --lnc 1 --seq 8192 --window 1024 0
     python benchmarks/flash_attention.py --lnc 1 --seq 4096 --softcap 50 --sinks
+    python benchmarks/flash_attention.py --lnc 1 --seq 4096 --padding-mask
+    python benchmarks/flash_attention.py --lnc 1 --seq 4096 --dropout 0.1
 
-With ``--window``, ``--softcap`` or ``--sinks`` it runs causal attention twice, without
-and with those features, and prints the forward+backward latency of each and their ratio
-(modeled, per logical core at the LNC given; at ``--lnc 1``, one physical core). The
-issue's bars: a causal window (1024, 0) at S=8192 costs at most 1.25 x 2 x 1024 / 8192
-of full causal; softcap and sinks add at most 10% at S=4096.
+With ``--window``, ``--softcap``, ``--sinks``, ``--padding-mask`` (a bool ``[B, 1, 1, Sk]``
+mask, the last eighth of the keys padding) or ``--dropout P`` it runs causal attention
+twice, without and with those features, and prints the forward+backward latency of each
+and their ratio (modeled, per logical core at the LNC given; at ``--lnc 1``, one physical
+core). The issue's bars: a causal window (1024, 0) at S=8192 costs at most
+1.25 x 2 x 1024 / 8192 of full causal; softcap and sinks add at most 10% at S=4096.
 
 Head subsampling: the kernels loop over (batch, KV head) groups that share nothing but
 the core, so one KV group (Hkv=1 with its H/Hkv query heads: the full GQA reuse of K/V)
@@ -112,6 +115,12 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--softcap", type=float, default=0.0, help="compare with this softcap")
     parser.add_argument("--sinks", action="store_true", help="compare with attention sinks")
+    parser.add_argument(
+        "--padding-mask",
+        action="store_true",
+        help="compare with a bool [B, 1, 1, Sk] attn_mask (the last eighth of the keys masked)",
+    )
+    parser.add_argument("--dropout", type=float, default=0.0, help="compare with this dropout_p")
     args = parser.parse_args(argv)
     b, h, hkv, s, d = args.batch, args.heads, args.kv_heads, args.seq, args.head_dim
     if h % hkv:
@@ -131,7 +140,7 @@ def main(argv=None) -> None:
     )
     traced_heads = group * lnc  # query heads in the trace: useful FLOPs are counted on them
     q, k, v = _inputs(1, traced_heads, lnc, s, d)
-    if args.window is not None or args.softcap or args.sinks:
+    if args.window is not None or args.softcap or args.sinks or args.padding_mask or args.dropout:
         _compare_features(args, q, k, v, lnc, scale)
         return
     for causal in (False, True):
@@ -162,7 +171,7 @@ def main(argv=None) -> None:
 
 def _fwd_bwd_latency(q, k, v, lnc, scale, features):
     """Modeled forward and backward latency (ns, scaled to the launch) of causal attention
-    with ``features`` = (window, softcap, sinks)."""
+    with ``features`` = (window, softcap, sinks[, attn_mask, dropout_p, dropout_seed])."""
     fwd, (out, lse), _ = _profile(FWD, (q, k, v, True, None, *features), lnc)
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
     bwd, _, _ = _profile(BWD, (dout, q, k, v, out, lse, True, None, *features), lnc)
@@ -176,10 +185,19 @@ def _compare_features(args, q, k, v, lnc, scale):
     if args.sinks:
         sinks = torch.randn(q.shape[1], generator=torch.Generator().manual_seed(2))
     window = None if args.window is None else tuple(args.window)
-    features = (window, args.softcap, sinks)
+    mask = seed = None
+    if args.padding_mask:
+        s = q.shape[2]
+        mask = torch.ones(1, 1, 1, s, dtype=torch.bool)
+        mask[..., s - s // 8 :] = False
+    if args.dropout:
+        seed = torch.tensor([1234, 0])
+    features = (window, args.softcap, sinks, mask, args.dropout, seed)
     named = [f"window={window}"] if window is not None else []
     named += [f"softcap={args.softcap}"] if args.softcap else []
     named += ["sinks"] if args.sinks else []
+    named += ["[B, 1, 1, Sk] padding mask"] if args.padding_mask else []
+    named += [f"dropout_p={args.dropout}"] if args.dropout else []
     unit = "one physical core" if lnc == 1 else f"one logical core ({lnc} physical)"
     print(f"modeled, per {unit} at LNC={lnc}: causal vs causal + {', '.join(named)}")
     base = _fwd_bwd_latency(q, k, v, lnc, scale, (None, 0.0, None))
@@ -197,7 +215,7 @@ def _compare_features(args, q, k, v, lnc, scale):
         bar = 1.25 * 2 * window[0] / args.seq
         verdict = "PASS" if sum(feat) / sum(base) <= bar else "FAIL"
         print(f"  window bar: ratio <= 1.25 x 2 x {window[0]} / {args.seq} = {bar:.3f}: {verdict}")
-    elif window is None:
+    elif window is None and mask is None and not args.dropout:
         verdict = "PASS" if sum(feat) / sum(base) <= 1.10 else "FAIL"
         print(f"  softcap/sinks bar: ratio <= 1.10: {verdict}")
 

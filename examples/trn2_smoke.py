@@ -22,8 +22,9 @@ Checks:
         computation in plain torch on CPU in float64, held to the op's declared tolerance
         for the dtype. Without torch-neuronx
         these run on CPU tensors, the kernels on the NKI interpreter, with ``aot_eager``.
-    flash_attention window / softcap / sinks: one line each, the op eagerly with a causal
-        sliding window (64, 0), a logit softcap of 30, or per-head attention sinks, its
+    flash_attention window / softcap / sinks / padding mask / dropout: one line each, the
+        op eagerly with a causal sliding window (64, 0), a logit softcap of 30, per-head
+        attention sinks, a bool ``[B, 1, 1, Sk]`` padding mask or dropout 0.1, its
         output and its gradients (q, k, v, and the sinks) through autograd (the backward
         kernel) against fp64 autograd of the reference on CPU, held to the forward's and
         the backward op's declared tolerances.
@@ -113,6 +114,8 @@ FEATURES = {
     "window": {"window_left": 64, "window_right": 0},
     "softcap": {"softcap": 30.0},
     "sinks": {"sinks": True},
+    "padding mask": {"mask": "bool", "mask_dims": "b11k"},
+    "dropout": {"dropout_p": 0.1},
 }
 
 
@@ -127,11 +130,16 @@ def _feature_check(extra: dict, dtype: str, device: str):
     weight = torch.randn(args[0].shape, generator=torch.Generator().manual_seed(1))
 
     def leaves(to):
-        """The inputs moved to ``to`` (a dtype or a device), tensors as autograd leaves."""
-        return [
-            a.detach().to(to).requires_grad_(True) if isinstance(a, torch.Tensor) else a
-            for a in args
-        ]
+        """The inputs moved to ``to`` (a dtype or a device), float tensors as autograd
+        leaves; the others (a bool mask, the dropout seed) keep their dtype."""
+        out = []
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                a = a.detach().to(to).requires_grad_(True)
+            elif isinstance(a, torch.Tensor) and not isinstance(to, torch.dtype):
+                a = a.to(to)
+            out.append(a)
+        return out
 
     def check():
         ref_leaves = leaves(torch.float64)
@@ -143,7 +151,7 @@ def _feature_check(extra: dict, dtype: str, device: str):
         (out.float() * weight.to(device)).sum().backward()
         results = [_within(out, ref, spec.tolerances[dtype])]
         for got, want in zip(ours, ref_leaves):
-            if isinstance(got, torch.Tensor):
+            if isinstance(got, torch.Tensor) and got.requires_grad:
                 results.append(_within(got.grad, want.grad, bwd.tolerances[dtype]))
         worst = max(results, key=lambda r: float(r[1].split()[2]))
         return all(ok for ok, _ in results), worst[1]
@@ -229,8 +237,9 @@ def _op_checks(dtype: str) -> bool:
         f"target {target.name}; LNC {launch_lnc(target)}; dtype {dtype}"
     )
     ops = {
-        "flash_attention": lambda q, k, v, causal, scale, *_: torch.ops.neuron.flash_attention(
-            q, k, v, causal=causal, softmax_scale=scale
+        # make_inputs' (q, k, v, causal, scale, window, softcap, sinks, mask, dropout...)
+        "flash_attention": lambda q, k, v, causal, scale, *features: (
+            torch.ops.neuron.flash_attention(q, k, v, causal, scale, *features)
         ),
         "flash_attention_varlen": lambda q, k, v, cu_q, cu_k, mq, mk, causal, scale: (
             torch.ops.neuron.flash_attention_varlen(

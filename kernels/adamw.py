@@ -75,6 +75,14 @@ import torch
 from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
+from neuron_kernels.kernels.counter_hash import (
+    HASH_M1,
+    HASH_M2,
+    KEY_SEED,
+    KEY_STEP,
+    KEY_TENSOR,
+    rounding_bits,
+)
 from neuron_kernels.kernels.spec import (
     ITEMSIZE,
     OpSpec,
@@ -130,10 +138,9 @@ SQRT_FLOOR = 2.0**-84
 # Stochastic rounding of bf16 params: 16 random bits per element from a counter-based hash
 # of (element index, per-tensor per-step key) made of int32 multiplies (GpSimdE's exact
 # wrapping integer arithmetic), xors and logical shifts, so the interpreter, the hardware
-# and the torch reference (``rounding_bits``) draw the same bits; no RNG instruction.
-HASH_M1 = 0x7FEB352D  # odd 32-bit multipliers (< 2^31: iota writes them as int32)
-HASH_M2 = 0x5BD1E995
-KEY_SEED, KEY_STEP, KEY_TENSOR = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D
+# and the torch reference (``rounding_bits``) draw the same bits; no RNG instruction. The
+# constants and the torch mirror live in :mod:`.counter_hash` (flash attention's dropout
+# draws with them too).
 
 
 @dataclass(frozen=True)
@@ -600,15 +607,6 @@ def rounding_keys(seed: int, state_steps, device) -> torch.Tensor:
     key = ((seed * KEY_SEED) & 0xFFFFFFFF) + step * KEY_STEP + position * KEY_TENSOR
     key = key & 0xFFFFFFFF
     return (key ^ (key >> 16)) & 0x7FFFFFFF
-
-
-def rounding_bits(numel: int, key: int | torch.Tensor, device=None) -> torch.Tensor:
-    """The kernel's 16 random bits per element (int64 in [0, 2^16)), computed in torch."""
-    x = torch.arange(numel, dtype=torch.int64, device=device) ^ key
-    x = (x * HASH_M1) & 0xFFFFFFFF
-    x = x ^ (x >> 15)
-    x = (x * HASH_M2) & 0xFFFFFFFF
-    return x >> 16
 
 
 def round_stochastically(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:

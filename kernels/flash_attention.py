@@ -41,6 +41,26 @@ The contract both directions keep:
       in-kernel sum would need a cross-core reduction for one scalar per head).
       ``flash_attention_bwd`` returns ``(dq, dk, dv, dsinks)``, dsinks in sinks' dtype, an
       empty float32 tensor without sinks.
+    - ``attn_mask`` (torch's: broadcastable to ``[B, H, Sq, Sk]``; bool True attends, or
+      float in q's dtype / fp32) is added to the scaled scores after the softcap
+      (``softcap * tanh(s / softcap) + m``, as Gemma 2 and HF's eager attention add their
+      mask) and intersects causal and the window. Float entries ``<= MASK_FILL`` (-1e30,
+      -inf) mask their key; rows whose every score ends ``<= MASK_FILL / 2`` see nothing:
+      ``out = 0``, ``lse = -inf`` (``sink_h`` with sinks), no gradient. The kernels read
+      the mask tile by tile, broadcast dims at stride 0; a mask without a query dim (and no
+      softcap) is a ``[1, Sk]`` bias row per head added to S in PSUM by a K=1 matmul
+      (``add_row_mask``), others are applied as each score tile leaves PSUM. Its gradient
+      is not computed (a float mask that requires grad is refused).
+    - ``dropout_p`` in [0, 1): ``out = dropout(softmax(S)) V`` with the kept weights scaled
+      by ``1 / (1 - p)``; lse stays the undropped softmax's (sinks included). A score is
+      kept iff its 16 bits of ``hash32((j >> 1) ^ row_key)`` (low half for even ``j``,
+      high half for odd) are ``>= round(p * 2^16)``; the row keys are
+      ``dropout_row_keys(dropout_seed, ...)``, from the int64 ``[2]`` (seed, offset)
+      tensor, ``b``, ``h`` and ``i`` (:mod:`.counter_hash`, the AdamW step's hash).
+      ``dropout_keep`` is the torch mirror; the backward replays the same draw from the
+      same seed.
+    - The mask and dropout are BHSD-only: the plans refuse them with run-time key bounds
+      or packed rows (the varlen ops, which take neither).
 
 The forward kernel, two-pass softmax (the default; K/V resident in SBUF)::
 
@@ -79,6 +99,17 @@ import torch
 from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import TARGETS, Target
+from neuron_kernels.kernels.counter_hash import (
+    HASH_M1,
+    HASH_M2,
+    KEY_SEED,
+    KEY_STEP,
+    KEY_TENSOR,
+    MASK32,
+    as_int32,
+    hash32,
+    mul32,
+)
 from neuron_kernels.kernels.spec import (
     DTYPES,
     ITEMSIZE,
@@ -207,7 +238,19 @@ def dead_rows(q0: int, n_q: int, sq: int, sk: int, bounds) -> int:
 
 
 def validate_attention(
-    op_name: str, q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+    op_name: str,
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
+    seed_required=True,
 ) -> None:
     """Refuse bad attention input before any work, naming the argument and the value.
 
@@ -215,8 +258,9 @@ def validate_attention(
     ``[1, MAX_HEAD_DIM]``, ``H % Hkv == 0``, B of k and v equal to q's, k and v agreeing on
     (B, Hkv, Sk), dtypes (one of :data:`DTYPES`, all equal), one device, ``causal`` a bool,
     ``softmax_scale`` None or a finite float, ``window`` None or two ints each >= -1,
-    ``softcap`` a finite float >= 0 and ``sinks`` None or a ``[H]`` tensor in float32 or
-    q's dtype on q's device.
+    ``softcap`` a finite float >= 0, ``sinks`` None or a ``[H]`` tensor in float32 or
+    q's dtype on q's device, and the mask and dropout (:func:`validate_mask_dropout`;
+    ``seed_required=False``: the public op draws a missing seed itself).
 
     Raises:
         LimitError: with ``op = op_name`` and ``arg`` naming the argument at fault.
@@ -293,6 +337,7 @@ def validate_attention(
     ):
         raise LimitError(op_name, "softmax_scale", "must be None or a finite float", softmax_scale)
     _validate_features(op_name, q, window, softcap, sinks)
+    validate_mask_dropout(op_name, q, k, attn_mask, dropout_p, dropout_seed, seed_required)
 
 
 def _validate_features(op_name, q, window, softcap, sinks) -> None:
@@ -342,6 +387,159 @@ def _validate_features(op_name, q, window, softcap, sinks) -> None:
         )
 
 
+def validate_mask_dropout(
+    op_name, q, k, attn_mask, dropout_p, dropout_seed, seed_required=True
+) -> None:
+    """The ``attn_mask``, ``dropout_p`` and ``dropout_seed`` checks of
+    :func:`validate_attention`: the mask a tensor of rank 1 to 4 broadcastable to
+    ``[B, H, Sq, Sk]`` (each dim 1 or the full size, aligned right as torch broadcasts),
+    bool, q's dtype or float32, on q's device; ``dropout_p`` a float in ``[0, 1)``; the
+    seed None (refused when ``dropout_p > 0`` and ``seed_required``) or an int64 ``[2]``
+    tensor ``(seed, offset)`` on q's device."""
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise LimitError(
+                op_name, "attn_mask", "must be None or a torch.Tensor", type(attn_mask).__name__
+            )
+        if not 1 <= attn_mask.dim() <= 4:
+            raise LimitError(
+                op_name,
+                "attn_mask rank",
+                "must be 1 to 4 (broadcastable to [B, H, Sq, Sk])",
+                attn_mask.dim(),
+                limit=4,
+            )
+        want = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+        if any(m not in (1, w) for m, w in zip(shape, want)):
+            raise LimitError(
+                op_name,
+                "attn_mask shape",
+                f"must broadcast to [B, H, Sq, Sk] = {list(want)} (each dim 1 or that size)",
+                tuple(attn_mask.shape),
+                limit=want,
+            )
+        allowed = ("bool", "float32", dtype_name(q))
+        if dtype_name(attn_mask) not in allowed:
+            raise LimitError(
+                op_name,
+                "attn_mask dtype",
+                "must be bool (True: attend), float32 or q's dtype (added to the scores)",
+                dtype_name(attn_mask),
+                limit=allowed,
+            )
+        if attn_mask.device != q.device:
+            raise LimitError(
+                op_name,
+                "attn_mask device",
+                f"must equal q's device ({q.device})",
+                str(attn_mask.device),
+            )
+    if (
+        isinstance(dropout_p, bool)
+        or not isinstance(dropout_p, (int, float))
+        or not 0.0 <= dropout_p < 1.0
+    ):
+        raise LimitError(
+            op_name, "dropout_p", "must be a float in [0, 1)", repr(dropout_p), limit=1.0
+        )
+    if dropout_seed is None:
+        if dropout_p > 0 and seed_required:
+            raise LimitError(
+                op_name,
+                "dropout_seed",
+                "must be an int64 [2] tensor (seed, offset) when dropout_p > 0",
+                None,
+            )
+        return
+    if not isinstance(dropout_seed, torch.Tensor):
+        raise LimitError(
+            op_name,
+            "dropout_seed",
+            "must be None or a torch.Tensor",
+            type(dropout_seed).__name__,
+        )
+    if dropout_seed.dtype != torch.int64:
+        raise LimitError(
+            op_name, "dropout_seed dtype", "must be int64", dtype_name(dropout_seed), limit="int64"
+        )
+    if tuple(dropout_seed.shape) != (2,):
+        raise LimitError(
+            op_name,
+            "dropout_seed shape",
+            "must be [2] (seed, offset)",
+            tuple(dropout_seed.shape),
+            limit=(2,),
+        )
+    if dropout_seed.device != q.device:
+        raise LimitError(
+            op_name,
+            "dropout_seed device",
+            f"must equal q's device ({q.device})",
+            str(dropout_seed.device),
+        )
+
+
+def refuse_mask_grad(op_name, attn_mask) -> None:
+    """A float ``attn_mask`` that requires grad is refused (the kernels return no gradient
+    for it: dS reduced over its broadcast dims would be one more HBM output per tile)."""
+    if attn_mask is not None and attn_mask.requires_grad:
+        raise LimitError(
+            op_name,
+            "attn_mask",
+            "must not require grad (its gradient is not computed: pass attn_mask.detach())",
+            "a tensor with requires_grad=True",
+        )
+
+
+# Dropout: a score is kept iff its DROPOUT_BITS hashed bits are at least
+# dropout_threshold(p) (p applied in steps of 2^-16, as the AdamW rounding's 16 bits); kept
+# entries are scaled by 1 / (1 - p). One 32-bit hash serves two neighbouring keys (the low
+# half key 2u, the high half key 2u + 1): half the hash work per score.
+DROPOUT_BITS = 16
+
+
+def dropout_threshold(dropout_p: float) -> int:
+    """The hashed 16-bit value below which a score is dropped: ``round(p * 2^16)``."""
+    return int(round(float(dropout_p) * (1 << DROPOUT_BITS)))
+
+
+def dropout_row_keys(dropout_seed, b: int, h: int, sq: int) -> torch.Tensor:
+    """``[B, H, Sq]`` int32: each query row's dropout key, computed on the seed's device (no
+    host sync): ``hash32(i ^ key_bh)`` with ``key_bh`` mixing (seed, offset, b * H + h) as
+    the AdamW step mixes (seed, step, tensor) (:mod:`.counter_hash`). The kernels read one
+    column of them per query tile and hash in the key index (:func:`dropout_keep`)."""
+    dev = dropout_seed.device
+    seed, offset = dropout_seed[0] & MASK32, dropout_seed[1] & MASK32
+    bh = torch.arange(b * h, dtype=torch.int64, device=dev).reshape(b, h)
+    key = mul32(seed, KEY_SEED) + mul32(offset, KEY_STEP) + mul32(bh, KEY_TENSOR)
+    key = key & MASK32
+    key = (key ^ (key >> 16)) & 0x7FFFFFFF
+    i = torch.arange(sq, dtype=torch.int64, device=dev)
+    return as_int32(hash32(i.reshape(1, 1, sq) ^ key.unsqueeze(-1)))
+
+
+def dropout_keep(dropout_seed, dropout_p, b: int, h: int, sq: int, sk: int) -> torch.Tensor:
+    """``[B, H, Sq, Sk]`` bool, True where the score is kept: the kernels' draw, in torch:
+    ``x = hash32((j >> 1) ^ row key)``, key ``j``'s bits its low 16 (j even) or high 16 (j
+    odd), kept iff ``>= dropout_threshold(p)``."""
+    rows = dropout_row_keys(dropout_seed, b, h, sq).to(torch.int64) & MASK32
+    j = torch.arange(sk, dtype=torch.int64, device=rows.device)
+    x = hash32((j >> 1).reshape(1, 1, 1, sk) ^ rows.unsqueeze(-1))
+    bits = torch.where((j & 1).bool(), x >> 16, x & 0xFFFF)
+    return bits >= dropout_threshold(dropout_p)
+
+
+def mask_4d(attn_mask) -> torch.Tensor:
+    """``attn_mask`` as a 4-d view (size-1 dims prepended), each stride-0 dim narrowed to one
+    element: a mask given as an expanded view is read at the size it has in memory."""
+    m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    for dim in range(4):
+        if m.shape[dim] > 1 and m.stride(dim) == 0:
+            m = m.narrow(dim, 0, 1)
+    return m
+
+
 def attention_reference(
     q,
     k,
@@ -351,6 +549,9 @@ def attention_reference(
     window=None,
     softcap=0.0,
     sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
     upcast=True,
 ):
     """Plain-torch attention: ``(out [B, H, Sq, D], lse [B, H, Sq] float32)``.
@@ -359,9 +560,14 @@ def attention_reference(
     and ``lse`` float32 (the op's output dtypes).
     GQA by broadcasting (no repeated K/V), causal and window bottom-right (:func:`visible`),
     ``softcap > 0`` caps the scaled scores to ``softcap * tanh(s / softcap)``, ``sinks``
-    adds ``exp(sink_h)`` to each row's softmax denominator (and to its lse). Fully masked
-    rows give ``out = 0`` and ``lse = sink_h`` (``-inf`` without sinks); differentiable
-    (gradients finite on masked rows).
+    adds ``exp(sink_h)`` to each row's softmax denominator (and to its lse). ``attn_mask``
+    (broadcast to ``[B, H, Sq, Sk]``): bool False masks a key; a float one is added to the
+    (capped) scores, its entries ``<= MASK_FILL`` (-1e30, and -inf) masking their key. A row
+    whose every score ends up ``<= MASK_FILL / 2`` sees nothing. ``dropout_p > 0``: the
+    normalized weights of the keys :func:`dropout_keep` drops are 0, the others scaled by
+    ``1 / (1 - p)``; lse stays the undropped softmax's. Fully masked rows give
+    ``out = 0`` and ``lse = sink_h`` (``-inf`` without sinks); differentiable (gradients
+    finite on masked rows).
     """
     b, h, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
@@ -377,6 +583,8 @@ def attention_reference(
     left, right = window_bounds(causal, window)
     if left >= 0 or right >= 0:
         scores = scores.masked_fill(~visible(sq, sk, causal, window, q.device), float("-inf"))
+    if attn_mask is not None:
+        scores = apply_attn_mask(scores, attn_mask, b, hkv, groups, sq, sk)
     row_max = scores.amax(dim=-1, keepdim=True) if sk else scores.new_zeros((*scores.shape[:-1], 1))
     sink = None
     if sinks is not None:
@@ -389,6 +597,9 @@ def attention_reference(
     if sink is not None:
         row_sum = row_sum + torch.exp(sink - shift)
     safe_sum = torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
+    if dropout_p > 0:
+        keep = dropout_keep(dropout_seed, dropout_p, b, h, sq, sk).reshape(weights.shape)
+        weights = weights * keep.to(compute) * (1.0 / (1.0 - dropout_p))
     out = torch.matmul(weights, vc) / safe_sum
     lse = (shift + torch.log(row_sum)).squeeze(-1)  # log(0) = -inf on fully masked rows
     out = out.reshape(b, h, sq, d)
@@ -396,6 +607,25 @@ def attention_reference(
     if not upcast:
         out, lse = out.to(q.dtype), lse.to(torch.float32)
     return out, lse
+
+
+def apply_attn_mask(scores, attn_mask, b, hkv, groups, sq, sk):
+    """``scores [B, Hkv, G, Sq, Sk]`` (scaled, capped, window-masked with -inf) with
+    ``attn_mask`` applied as the contract says: bool False and float entries
+    ``<= MASK_FILL`` become -inf, other float entries are added; rows whose max is then
+    ``<= MASK_FILL / 2`` become all -inf (they see nothing). The reference's and the
+    backward reference's one statement of the mask."""
+    m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    m = m.expand(b, hkv * groups, sq, sk).reshape(b, hkv, groups, sq, sk)
+    if m.dtype == torch.bool:
+        scores = scores.masked_fill(~m, float("-inf"))
+    else:
+        mc = m.to(scores.dtype)
+        scores = (scores + mc.clamp(min=MASK_FILL)).masked_fill(mc <= MASK_FILL, float("-inf"))
+    dead = scores.amax(dim=-1, keepdim=True) <= MASK_FILL / 2 if sk else None
+    if dead is not None:
+        scores = scores.masked_fill(dead, float("-inf"))
+    return scores
 
 
 # -- tunables and the tile plan -----------------------------------------------------------
@@ -502,6 +732,11 @@ class FlashAttentionPlan(nl.NKIObject):
     right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
     softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
     scale: float  # the softmax scale in use
+    mask: str  # attn_mask: "" none, "bool" (uint8 in HBM, 0 masks) or "float" (added)
+    mask_dims: tuple  # per dim of the 4-d mask (B, H, Sq, Sk): True full, False size 1
+    mask_row: bool  # the mask has no query dim (and no softcap): added on TensorE (for_group)
+    dropout: int  # dropout_threshold(p): a score whose 24 hashed bits are below is dropped
+    inv_keep: float  # 1 / (1 - dropout_p): the kept weights' scale
     q_tile: int  # query rows per tile: the partition count
     d_tile: int  # contraction rows of D per matmul: the partition count
     d_tiles: int  # partition tiles D spans (1 for D <= 128, 2 above)
@@ -534,6 +769,25 @@ class FlashAttentionPlan(nl.NKIObject):
     # are kernel data (:func:`load_bounds`) and every score tile is masked with them
     # (:func:`mask_bounds`): "range_select" (NeuronCore-v3+) or "iota" (v2).
     runtime_bounds: str = ""
+
+
+def score_features(problem: dict) -> dict:
+    """The plan fields of the attention mask and dropout in ``problem`` (both plans'):
+    ``mask`` ("", "bool", "float"), ``mask_dims`` (which of the mask's B, H, Sq, Sk dims
+    are full, from ``mask_dims`` "bhqk" with "1" for a broadcast dim), ``mask_row`` (no
+    query dim and no softcap: the mask is added on TensorE, :func:`add_row_mask`),
+    ``dropout`` (the threshold, 0 off) and ``inv_keep``."""
+    dims = str(problem.get("mask_dims", "1111"))
+    p = float(problem.get("dropout_p", 0.0))
+    mask = str(problem.get("mask", ""))
+    softcap = float(problem.get("softcap", 0.0))
+    return {
+        "mask": mask,
+        "mask_dims": tuple(c != "1" for c in dims),
+        "mask_row": bool(mask) and dims[2] == "1" and not softcap,
+        "dropout": dropout_threshold(p) if p > 0 else 0,
+        "inv_keep": 1.0 / (1.0 - p),
+    }
 
 
 def split_groups(b, hkv, group, tiles, costs, lnc):
@@ -613,7 +867,10 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     left, right = window_bounds(causal, window)
     softcap = float(problem.get("softcap", 0.0))
     scale = resolve_scale(problem.get("scale"), d)
+    features = score_features(problem)
+    stored_mask = bool(features["mask"]) and not features["mask_row"]
     bounded = runtime_bounds_mode(problem, target)
+    refuse_bounds_features(OP, problem, features)
     if config.load_transpose == "dma":
         target.check_dma_transpose(OP, "config load_transpose", dtype, ITEMSIZE[dtype])
     if config.k_tile > target.psum_bank_fmax or config.k_tile > target.gemm_moving_fmax:
@@ -667,7 +924,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     while softmax == "two_pass" and max_burst > 1:
         lags = (lead + max_burst - 1, q_prefetch, lag_pv, lag_close)
         budget = _two_pass_budget(sk, d, d_tiles, q_tile, item, True, config, kv_chunks, lags)
-        if budget[0] <= target.sbuf_usable_bytes:
+        extra = feature_bytes(features, config.k_tile, max_burst, h, hkv, sk)
+        if budget[0] + extra <= target.sbuf_usable_bytes:
             break
         max_burst //= 2
     if softmax == "two_pass":
@@ -678,11 +936,12 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
             d_tiles,
             q_tile,
             item,
-            left >= 0 or right >= 0 or softcap > 0 or bool(bounded),
+            left >= 0 or right >= 0 or softcap > 0 or stored_mask or bool(bounded),
             config,
             kv_chunks,
             lags,
         )
+    sbuf += feature_bytes(features, config.k_tile, max_burst, h, hkv, sk)
     return FlashAttentionPlan(
         b=b,
         h=h,
@@ -695,6 +954,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         right=right,
         softcap=softcap,
         scale=scale,
+        **score_features(problem),
         q_tile=q_tile,
         d_tile=d_tile,
         d_tiles=d_tiles,
@@ -725,6 +985,41 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         packed=bool(problem.get("packed", False)),
         runtime_bounds=bounded,
     )
+
+
+def feature_bytes(features: dict, k_tile: int, burst: int, h: int, hkv: int, sk: int) -> int:
+    """SBUF bytes per partition of the forward's mask and dropout (:func:`score_features`):
+    the mask tiles in flight (4 bytes per key at most), loaded MASK_PREFETCH steps ahead of
+    the earliest max burst (of ``burst`` key tiles) that reads them; dropout's hash tiles
+    (x, y: 4 bytes per pair of keys; bits: 4 per key) of the steps its pipeline runs ahead,
+    and the launch's key iota; a row mask's bias rows of the group (and their raw loads),
+    on one partition. 0 for plain attention."""
+    stored_mask = bool(features["mask"]) and not features["mask_row"]
+    out = (MASK_PREFETCH + burst - 1) * k_tile * 4 * stored_mask
+    if features["dropout"]:
+        out += (DROPOUT_STAGES + 1) * k_tile * 8 + k_tile * 4
+    if features["mask_row"]:
+        out += (h // hkv if features["mask_dims"][1] else 1) * sk * 8 if hkv else 0
+    return out
+
+
+def refuse_bounds_features(op: str, problem: dict, features: dict) -> None:
+    """Run-time key bounds and packed rows (the varlen ops) take no attention mask and no
+    dropout: both plans refuse the combination (the varlen ops never ask for it), naming
+    the feature. The kernels' mask and dropout read BHSD row indices; a packed batch's
+    rows are offsets into the packed sequence, and its bounds already mask by sequence."""
+    varlen = "runtime_bounds" if problem.get("runtime_bounds") else ""
+    varlen = varlen or ("packed" if problem.get("packed") else "")
+    if not varlen:
+        return
+    if features["mask"]:
+        raise LimitError(
+            op, "attn_mask", f"is not supported with {varlen} (varlen) attention", "a mask"
+        )
+    if features["dropout"]:
+        raise LimitError(
+            op, "dropout_p", f"must be 0 with {varlen} (varlen) attention", problem["dropout_p"]
+        )
 
 
 def runtime_bounds_mode(problem: dict, target: Target) -> str:
@@ -793,6 +1088,215 @@ def mask_window(tile, n_q, n_k, q0, k0, plan, fill):
             cmp_op=nl.greater_equal,
             offset=k0 - q0 - off + plan.left,
         )
+
+
+@dataclass
+class ScoreInputs(nl.NKIObject):
+    """The kernels' per-launch inputs of the score-side features (both directions): the
+    attention mask and dropout's row keys in HBM, dropout's hash multipliers in SBUF, for
+    the batch ``b`` of the group at work."""
+
+    b: int  # the batch of the (batch, KV head) group at work
+    kvh: int  # the KV head of that group (its query heads: kvh * G .. kvh * G + G - 1)
+    group: int  # G: query heads per KV head
+    mask: object  # attn_mask [Bm, Hm, Sqm, Skm] in HBM (bool as uint8), None without one
+    row_keys: object  # [B, H, Sq, 1] int32 dropout row keys (dropout_row_keys), or None
+    hash_m1: object  # [pmax, 1] int32 HASH_M1 (read as a stride-0 broadcast), or None
+    hash_m2: object  # [pmax, 1] int32 HASH_M2, or None
+    key_iota: object  # dropout: [pmax, widest key tile] int32, column f holding f
+    ones: object  # row masks (plan.mask_row): [1, pmax] ones, the bias matmul's stationary
+    bias_rows: list  # row masks: per query head of the group (one if shared) [1, Sk] bias
+
+
+def score_inputs(attn_mask, row_keys, plan, rows, dtype, keys=0):
+    """The launch's :class:`ScoreInputs`; dropout's multiplier columns and key iota
+    (``rows``: the query tile's partitions, ``keys``: the widest key tile) and a row mask's
+    ones row (in :func:`bias_dtype` of the inputs' ``dtype``) are written here, once per
+    launch. Nothing is issued without them."""
+    m1 = m2 = ones = key_iota = None
+    if plan.mask_row:
+        ones = nl.ndarray((1, rows), dtype=bias_dtype(plan, dtype), buffer=nl.sbuf, name="ones")
+        nisa.memset(dst=ones, value=1.0)
+    if plan.dropout:
+        m1 = nl.ndarray((rows, 1), dtype=nl.int32, buffer=nl.sbuf, name="hash_m1")
+        m2 = nl.ndarray((rows, 1), dtype=nl.int32, buffer=nl.sbuf, name="hash_m2")
+        nisa.iota(dst=m1, pattern=[[0, 1]], offset=HASH_M1)
+        nisa.iota(dst=m2, pattern=[[0, 1]], offset=HASH_M2)
+        key_iota = nl.ndarray((rows, keys), dtype=nl.int32, buffer=nl.sbuf, name="key_iota")
+        nisa.iota(dst=key_iota, pattern=[[1, keys]], offset=0, channel_multiplier=0)
+    return ScoreInputs(
+        b=0, kvh=0, group=1, mask=attn_mask, row_keys=row_keys, hash_m1=m1, hash_m2=m2,
+        key_iota=key_iota, ones=ones, bias_rows=[],
+    )  # fmt: skip
+
+
+def bias_dtype(plan, dtype):
+    """The row mask's bias matmul dtype: bf16 for a bool mask with 2-byte inputs (its values
+    are 0 and MASK_FILL / scale), else fp32 (a float mask's values keep their precision)."""
+    if plan.mask == "bool" and dtype != nl.float32:
+        return nl.bfloat16
+    return nl.float32
+
+
+def for_group(feat, b, kvh, group, scale, plan, dtype):
+    """``feat`` for the (batch ``b``, KV head ``kvh``) group; with a row mask (plan.mask_row:
+    no query dim, no softcap) its bias rows, ``[1, Sk]`` per query head of the group (one
+    when the mask has no head dim): ``MASK_FILL / scale`` where a bool mask masks, 0 where
+    it keeps; ``m / scale`` for a float one. One DMA and one VectorE op per row, once per
+    group: each score tile then adds its slice on TensorE (:func:`add_row_mask`). ``group``
+    is G, ``scale`` the softmax scale."""
+    rows = []
+    if plan.mask_row:
+        fb, fh = plan.mask_dims[0], plan.mask_dims[1]
+        heads = group if fh else 1
+        for g in range(heads):
+            src = feat.mask[b if fb else 0, kvh * group + g if fh else 0, 0:1, 0 : plan.sk]
+            raw = nl.ndarray((1, plan.sk), dtype=feat.mask.dtype, buffer=nl.sbuf, name="mask_row")
+            nisa.dma_copy(dst=raw, src=src)
+            bias = nl.ndarray(
+                (1, plan.sk), dtype=bias_dtype(plan, dtype), buffer=nl.sbuf, name="mask_bias"
+            )
+            if plan.mask == "bool":  # (keep - 1) * (-MASK_FILL / scale)
+                nisa.tensor_scalar(
+                    dst=bias, data=raw, op0=nl.subtract, operand0=1.0, op1=nl.multiply,
+                    operand1=-MASK_FILL / scale,
+                )  # fmt: skip
+            else:
+                nisa.tensor_scalar(dst=bias, data=raw, op0=nl.multiply, operand0=1.0 / scale)
+            rows.append(bias)
+    return ScoreInputs(
+        b=b, kvh=kvh, group=group, mask=feat.mask, row_keys=feat.row_keys, hash_m1=feat.hash_m1,
+        hash_m2=feat.hash_m2, key_iota=feat.key_iota, ones=feat.ones, bias_rows=rows,
+    )  # fmt: skip
+
+
+def add_row_mask(s_ps, feat, h, qs, k0, ks, plan):
+    """A row mask added to the raw scores ``s_ps [qs, ks]`` in PSUM on TensorE: one K=1
+    matmul (the ones row times the bias row's keys ``k0 ..``) accumulating into them, so
+    ``scale * S`` carries the mask and the tile stays in PSUM (no VectorE pass)."""
+    row = feat.bias_rows[h - feat.kvh * feat.group if plan.mask_dims[1] else 0]
+    nisa.nc_matmul(
+        dst=s_ps, stationary=feat.ones[0:1, 0:qs], moving=row[0:1, k0 : k0 + ks], accumulate=True
+    )
+
+
+def load_mask_tile(feat, h, q0, n_q, k0, n_k, plan):
+    """The ``[n_q, n_k]`` SBUF tile of the attention mask for query rows ``q0 ..`` of head
+    ``h`` of batch ``feat.b`` and keys ``k0 ..``, by one DMA that reads each broadcast dim of
+    the mask with stride 0 (a ``[B, 1, 1, Sk]`` padding mask is never expanded in memory):
+    uint8 (0 masks) for a bool mask, the mask's dtype for a float one."""
+    fb, fh, fq, fk = plan.mask_dims
+    mask = feat.mask
+    qa, qb = (q0, q0 + n_q) if fq else (0, 1)
+    ka, kb = (k0, k0 + n_k) if fk else (0, 1)
+    src = mask[feat.b if fb else 0, h if fh else 0, qa:qb, ka:kb]
+    if not fq and n_q > 1:
+        src = src.broadcast(0, n_q)
+    if not fk and n_k > 1:
+        src = src.broadcast(1, n_k)
+    tile = nl.ndarray((n_q, n_k), dtype=mask.dtype, buffer=nl.sbuf, name="mask_tile")
+    nisa.dma_copy(dst=tile, src=src)
+    return tile
+
+
+def load_row_keys(dst, feat, h, q0, n_q):
+    """Dropout's row keys of query rows ``q0 ..`` of head ``h`` (batch ``feat.b``) into the
+    ``[n_q, 1]`` int32 column ``dst``."""
+    nisa.dma_copy(dst=dst, src=feat.row_keys[feat.b, h, q0 : q0 + n_q, 0:1])
+
+
+@dataclass
+class DropBits(nl.NKIObject):
+    """One score tile's dropout bits in the making (:func:`dropout_stage`)."""
+
+    row_key: object  # [n_q, 1] int32 the rows' dropout keys
+    n_q: int
+    k0: int  # first key (even)
+    n_k: int
+    x: object  # [n_q, ceil(n_k / 2)] int32: one hash per pair of keys
+    y: object  # [n_q, ceil(n_k / 2)] int32 scratch
+    bits: object  # [n_q, n_k] int32: each key's 16 bits
+    key: object = None  # [n_q, 1] int32 row_key ^ (k0 / 2) (an aligned tile)
+
+
+# The instructions of dropout_bits, in order: issued one per pipeline step by the kernels
+# (stage s of a tile DROPOUT_STAGES - s steps before its use), each engine works on other
+# tiles' stages instead of waiting on the other engine's previous stage.
+DROPOUT_STAGES = 7
+# Steps (tile pairs in the backward) a mask tile with a query dim is loaded ahead of its use:
+# its DMA's ~1.3 us latency, hidden.
+MASK_PREFETCH = 2
+
+
+def dropout_stage(d, stage, feat):
+    """Stage ``stage`` of the bits of :class:`DropBits` ``d``: ``x = hash32(u ^ row_key)``
+    for the key pairs ``u = (k0 + f) / 2``, then key ``2u``'s bits ``x & 0xFFFF`` and key
+    ``2u + 1``'s ``x >> 16`` (:func:`dropout_keep` in torch; a score is kept iff its bits
+    are ``>= plan.dropout``). GpSimd: the exact int32 multiplies and the xor of two tiles
+    (and the pair iota of an unaligned tile); VectorE: the xor with the row key (a column),
+    the shifts and the mask."""
+    n_q, n_k, gpsimd = d.n_q, d.n_k, nisa.engine.gpsimd
+    n_u, u0 = (n_k + 1) // 2, d.k0 // 2
+    # u0 a multiple of the power of two >= n_u: u0 + f = u0 ^ f, so the launch's iota
+    # serves, xored with the column row_key ^ u0 (no GpSimd iota per tile).
+    span = 1
+    while span < n_u:
+        span = span * 2
+    aligned = u0 % span == 0 and feat.key_iota.shape[1] >= n_u
+    if stage == 0:
+        assert d.k0 % 2 == 0, "dropout: key tiles start on an even key"
+        d.x = nl.ndarray((n_q, n_u), dtype=nl.int32, buffer=nl.sbuf, name="drop_x")
+        d.y = nl.ndarray((n_q, n_u), dtype=nl.int32, buffer=nl.sbuf, name="drop_y")
+        if aligned:
+            d.key = nl.ndarray((n_q, 1), dtype=nl.int32, buffer=nl.sbuf, name="drop_key")
+            nisa.tensor_scalar(dst=d.key, data=d.row_key, op0=nl.bitwise_xor, operand0=u0)
+        else:
+            nisa.iota(dst=d.x, pattern=[[1, n_u]], offset=u0, channel_multiplier=0)
+    elif stage == 1:
+        if aligned:
+            iota = feat.key_iota[0:n_q, 0:n_u]
+            nisa.tensor_scalar(dst=d.x, data=iota, op0=nl.bitwise_xor, operand0=d.key)
+        else:
+            nisa.tensor_scalar(dst=d.x, data=d.x, op0=nl.bitwise_xor, operand0=d.row_key)
+    elif stage == 2:
+        m1 = feat.hash_m1[0:n_q, :].broadcast(1, n_u)
+        nisa.tensor_tensor(dst=d.x, data1=d.x, data2=m1, op=nl.multiply, engine=gpsimd)
+    elif stage == 3:
+        nisa.tensor_scalar(dst=d.y, data=d.x, op0=nl.right_shift, operand0=15)
+    elif stage == 4:
+        nisa.tensor_tensor(dst=d.x, data1=d.x, data2=d.y, op=nl.bitwise_xor, engine=gpsimd)
+    elif stage == 5:
+        m2 = feat.hash_m2[0:n_q, :].broadcast(1, n_u)
+        nisa.tensor_tensor(dst=d.x, data1=d.x, data2=m2, op=nl.multiply, engine=gpsimd)
+    else:  # even keys: the low half; odd keys: the high half (strided views of bits)
+        d.bits = nl.ndarray((n_q, n_k), dtype=nl.int32, buffer=nl.sbuf, name="drop_bits")
+        nisa.tensor_scalar(
+            dst=d.bits[0:n_q, 0:n_k:2], data=d.x, op0=nl.bitwise_and, operand0=0xFFFF
+        )
+        if n_k > 1:
+            n_odd = n_k // 2
+            nisa.tensor_scalar(
+                dst=d.bits[0:n_q, 1:n_k:2], data=d.x[0:n_q, 0:n_odd], op0=nl.right_shift,
+                operand0=16,
+            )  # fmt: skip
+
+
+def dropout_bits(row_key, n_q, k0, n_k, feat):
+    """``[n_q, n_k]`` int32: the 16 hashed bits of the scores of query rows with the
+    ``[n_q, 1]`` dropout keys ``row_key`` and keys ``k0 ..``: every stage of
+    :func:`dropout_stage` at once (where no pipeline spreads them)."""
+    d = DropBits(row_key=row_key, n_q=n_q, k0=k0, n_k=n_k, x=None, y=None, bits=None)
+    for stage in range(DROPOUT_STAGES):
+        dropout_stage(d, stage, feat)
+    return d.bits
+
+
+def dead_rows_column(neg_max, n, name="dead"):
+    """``[n, 1]`` uint8, 1 on rows whose (negated) max ``neg_max >= -MASK_FILL / 2``: rows
+    an attention mask leaves without a visible key (their scores are all ``<= MASK_FILL``)."""
+    dead = nl.ndarray((n, 1), dtype=nl.uint8, buffer=nl.sbuf, name=name)
+    nisa.tensor_scalar(dst=dead, data=neg_max, op0=nl.greater_equal, operand0=-MASK_FILL / 2)
+    return dead
 
 
 def load_bounds(kv_bounds, plan):
@@ -970,10 +1474,19 @@ def _evacuate_p(p_t, qs, ks, q_dtype, plan):
     return out
 
 
+def select_mask(plan) -> bool:
+    """A bool mask with a query dim, no softcap and a positive scale: its tiles leave PSUM
+    through one VectorE ``select_reduce`` (the raw scores where the mask keeps, the fill
+    elsewhere, and their row max), kept raw (the exp takes the softmax scale)."""
+    return plan.mask == "bool" and not plan.mask_row and not plan.softcap and plan.scale > 0
+
+
 def stored_scale(plan) -> float:
     """The exp's scale of scores kept in SBUF (:func:`_stored_scores`): 1 for ``scale * S``,
-    ``softcap`` for ``tanh(scale * S / softcap)``."""
-    return plan.softcap if plan.softcap else 1.0
+    ``softcap`` for ``tanh(scale * S / softcap)`` (1 again once a float mask is added)."""
+    if select_mask(plan):
+        return plan.scale
+    return plan.softcap if plan.softcap and plan.mask != "float" else 1.0  # (no row mask)
 
 
 def masked_fill(plan) -> float:
@@ -981,43 +1494,78 @@ def masked_fill(plan) -> float:
     value is ``t = tanh(.)``, the exp's input ``softcap * t``) ``min(-2, MASK_FILL /
     softcap)``: ``softcap * fill`` is at most -1e30 and at least ``softcap`` below any capped
     score (all in ``[-softcap, softcap]``), so its exp is 0 at every softcap."""
-    return min(-2.0, MASK_FILL / plan.softcap) if plan.softcap else MASK_FILL
+    if select_mask(plan):  # raw scores: the fill times the scale is MASK_FILL
+        return MASK_FILL / plan.scale
+    return MASK_FILL if plan.mask == "float" else masked_fill_scaled(plan.softcap)
 
 
-def _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds=None):
+def masked_fill_scaled(softcap) -> float:
+    """:func:`masked_fill` for the stored scale of ``softcap`` (0: off)."""
+    return min(-2.0, MASK_FILL / softcap) if softcap else MASK_FILL
+
+
+def _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds=None, tile=None, mask_t=None):
     """A score tile kept in SBUF: ``scale * S`` copied out of PSUM (VectorE), or with a
     softcap ``t = tanh(scale * S / softcap)`` (ScalarE's tanh, reading PSUM; the exp then
     takes ``softcap * t``); masked there with :func:`masked_fill` where a window edge
     crosses it (GpSimd cannot read PSUM). The source of its row max and of its exp, at
     the exp scale :func:`stored_scale`. Both softmaxes keep scores this way. With run-time
     bounds (``bounds = (SBUF bounds, query tile)``) every tile is masked by them instead
-    (:func:`mask_bounds`)."""
+    (:func:`mask_bounds`). With an attention mask (``tile``: the query tile's record, its
+    head and :class:`ScoreInputs`), a float one is added as the scores leave PSUM (after
+    the softcap: ``softcap * t + m``, as Gemma 2 and HF add their mask), a bool one sets
+    its False entries to the fill (``mask_t``: its tile, loaded steps ahead; else loaded
+    here)."""
     s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+    if plan.mask and not plan.mask_row and mask_t is None:  # (a row mask is in PSUM already)
+        mask_t = load_mask_tile(tile.feat, tile.h, q0, qs, k0, ks, plan)
+    if select_mask(plan):  # raw scores where kept, the fill elsewhere, in one pass
+        nisa.select_reduce(dst=s_sb, predicate=mask_t, on_true=s_ps, on_false=masked_fill(plan))
+        if tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
+            mask_window(s_sb, qs, ks, q0, k0, plan, masked_fill(plan))
+        return s_sb
     if plan.softcap:
         nisa.activation(dst=s_sb, op=nl.tanh, data=s_ps, scale=plan.scale / plan.softcap)
+        if plan.mask == "float":  # (never a row mask: those need no softcap)
+            nisa.scalar_tensor_tensor(
+                dst=s_sb, data=s_sb, op0=nl.multiply, operand0=plan.softcap, op1=nl.add,
+                operand1=mask_t,
+            )  # fmt: skip
+    elif plan.mask == "float" and not plan.mask_row:
+        nisa.scalar_tensor_tensor(
+            dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale, op1=nl.add,
+            operand1=mask_t,
+        )  # fmt: skip
     else:
         nisa.tensor_scalar(dst=s_sb, data=s_ps, op0=nl.multiply, operand0=plan.scale)
     if bounds is not None:
         mask_bounds(s_sb, qs, ks, k0, bounds[0], bounds[1], plan, masked_fill(plan))
     elif tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan)) == "some":
         mask_window(s_sb, qs, ks, q0, k0, plan, masked_fill(plan))
+    if plan.mask == "bool" and not plan.mask_row:
+        nisa.tensor_copy_predicated(
+            dst=s_sb, src=masked_fill(plan), predicate=mask_t, reverse_pred=True
+        )
     return s_sb
 
 
-def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, bounds=None, ext=None):
+def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, bounds=None, ext=None, tile=None):
     """One key tile's scores: (source of its row max and exp, the exp's scale). Tiles
-    crossing a window edge are scaled into SBUF and masked there (the scale is then 1);
-    the others stay raw in PSUM with the softmax scale. Under :func:`raw_bounds` a tile is
-    masked raw into SBUF by the run-time bounds, its row max into ``ext``."""
+    crossing a window edge (every tile, with a softcap or an attention mask) are scaled
+    into SBUF and masked there (the scale is then 1); the others stay raw in PSUM with
+    the softmax scale. Under :func:`raw_bounds` a tile is masked raw into SBUF by the
+    run-time bounds, its row max into ``ext``."""
     s_ps = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, q_t, 0, qs, kt, kk0, ks, plan)
+    if plan.mask_row:
+        add_row_mask(s_ps, tile.feat, tile.h, qs, k0, ks, plan)
     if bounds is not None and raw_bounds(plan):
         s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
         mask_bounds(s_sb, qs, ks, k0, bounds[0], bounds[1], plan, MASK_FILL, s_ps, ext)
         return s_sb, plan.scale
     seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
-    if seen == "some" or plan.softcap or bounds is not None:
-        return _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds), stored_scale(plan)
+    if seen == "some" or plan.softcap or bounds is not None or (plan.mask and not plan.mask_row):
+        return _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds, tile), stored_scale(plan)
     return s_ps, plan.scale
 
 
@@ -1038,6 +1586,8 @@ class OnlineTile(nl.NKIObject):
     o_acc: object  # [qs, D] fp32 running P V, rescaled as the max grows
     sink: object  # [qs, 1] fp32 the head's sink logit on every row, None without sinks
     bounds: object = None  # run-time bounds: (SBUF bounds, this query tile's index), or None
+    feat: object = None  # ScoreInputs (attention mask, dropout), None without them
+    row_key: object = None  # [qs, 1] int32 dropout row keys, None without dropout
 
 
 @dataclass
@@ -1057,6 +1607,7 @@ class OnlineStep(nl.NKIObject):
     alpha: object  # [qs, 1] fp32 exp(m_old - m_new), None on the first
     p_t: object  # P^T: in PSUM awaiting its copy ("pe") or in SBUF ("vector")
     o_ps: object  # [qs, D] fp32 PSUM: this tile's P V
+    k0: int = 0  # its first key
 
 
 def _dead_rows(q0, qs, plan):
@@ -1078,8 +1629,9 @@ def _load_sink(sinks, h, qs, cache):
     return cache[h][0:qs, 0:1]
 
 
-def _open_query_tile(q, sink, b, h, q0, plan):
-    """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T."""
+def _open_query_tile(q, sink, b, h, q0, plan, feat=None):
+    """The online-softmax state of query rows ``q0 .. q0 + qs`` of head ``h``, with q^T
+    (and its dropout row keys)."""
     qs = min(plan.q_tile, plan.sq - q0)
     # Keys in [k_start, k_end) are visible to some row of the tile.
     k_start, k_end, _, _ = key_bounds(q0, qs, plan.sq, plan.sk, _bounds(plan))
@@ -1091,6 +1643,10 @@ def _open_query_tile(q, sink, b, h, q0, plan):
         )
         _load_transposed(q[b, h, q0 : q0 + qs, 0 : plan.d], q_t, qs, plan)
         state.q_t = q_t
+        state.feat = feat
+        if plan.dropout:
+            state.row_key = nl.ndarray((qs, 1), dtype=nl.int32, buffer=nl.sbuf, name="row_key")
+            load_row_keys(state.row_key, feat, h, q0, qs)
     return state
 
 
@@ -1104,13 +1660,13 @@ def _front(states, kt, r0, rows, kk0, plan):
     for s in states:
         ks = min(plan.k_tile, rows - kk0, s.k_end - k0)
         if k0 < s.k_end and k0 + ks > s.k_start:
-            work.append(
-                OnlineStep(s, ks, kk0, None, 1.0, None, None, None, None, None, None, None, None)
-            )
+            r = OnlineStep(s, ks, kk0, None, 1.0, None, None, None, None, None, None, None, None)
+            r.k0 = k0
+            work.append(r)
     for r in work:
         _scores_and_max(r, kt, k0, plan)
     for r in work:  # after every reduction: VectorE does not wait on the one just issued
-        _running_max(r)
+        _running_max(r, plan)
     return work
 
 
@@ -1120,7 +1676,7 @@ def _back(work, vb, q_dtype, plan):
     engine runs in program order, so one tile's chain waits while the engine does the
     other tiles' independent work."""
     for r in work:
-        _exponentiate(r, q_dtype)
+        _exponentiate(r, q_dtype, plan)
     # P^T of tile i is transposed while tile i - 1's is evacuated and multiplied with V,
     # so TensorE does not wait on the copy it just fed.
     for i in range(len(work) + 1):
@@ -1139,14 +1695,14 @@ def _scores_and_max(r, kt, k0, plan):
     s, ks, kk0 = r.s, r.ks, r.kk0
     qs = s.qs
     ext = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="tile_ext")
-    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan, s.bounds, ext)
+    src, act_scale = _score_tile(s.q_t, kt, qs, kk0, ks, s.q0, k0, plan, s.bounds, ext, s)
     if s.bounds is None or not raw_bounds(plan):  # (else range_select took the max)
         # The tile's max of act_scale * S: the max of S, or its min if the scale < 0.
         nisa.tensor_reduce(dst=ext, op=nl.max if act_scale >= 0 else nl.min, data=src, axis=1)
     r.src, r.act_scale, r.ext = src, act_scale, ext
 
 
-def _running_max(r):
+def _running_max(r, plan):
     """The running max, negated: -max(m_old, act_scale * tile max)."""
     s = r.s
     qs, ext, act_scale, prev = s.qs, r.ext, r.act_scale, s.latest_max
@@ -1162,13 +1718,44 @@ def _running_max(r):
             op1=nl.minimum,
             operand1=prev,
         )
+    if plan.mask == "float":
+        _clamp_neg_max(new_neg_max)
     # The key tile's own max; the next tile's front half (issued before this tile's back
     # half) starts from it.
     r.prev, r.new_neg_max = prev, new_neg_max
     s.latest_max = new_neg_max
 
 
-def _exponentiate(r, q_dtype):
+def _clamp_neg_max(neg_max):
+    """With an attention mask: ``-max`` at most ``-MASK_FILL``, so a row whose scores are
+    all -inf (a float mask's) has a finite exp bias: ``exp(-inf + 1e30)`` is 0, never NaN."""
+    nisa.tensor_scalar(dst=neg_max, data=neg_max, op0=nl.minimum, operand0=-MASK_FILL)
+
+
+def _drop(p_sb, qs, k0, ks, tile, plan):
+    """Dropout on P in place: the dropped scores' weights become 0 (the kept ones are
+    scaled by 1 / (1 - p) at the close, on the [q, 1] reciprocal); VectorE."""
+    bits = dropout_bits(tile.row_key, qs, k0, ks, tile.feat)
+    nisa.scalar_tensor_tensor(
+        dst=p_sb, data=bits, op0=nl.greater_equal, operand0=float(plan.dropout), op1=nl.multiply,
+        operand1=p_sb,
+    )  # fmt: skip
+
+
+def _close_features(recip, neg_max, qs, plan):
+    """The close's reciprocal ``1 / l`` times ``1 / (1 - p)`` under dropout, and 0 on the
+    rows an attention mask leaves with no visible key (their ``-max >= 5e29``: P was
+    exp(0) over masked scores). Returns those rows' uint8 column (None without a mask)."""
+    if plan.dropout:
+        nisa.tensor_scalar(dst=recip, data=recip, op0=nl.multiply, operand0=plan.inv_keep)
+    if not plan.mask:
+        return None
+    dead = dead_rows_column(neg_max, qs)
+    nisa.tensor_copy_predicated(dst=recip, src=0.0, predicate=dead)
+    return dead
+
+
+def _exponentiate(r, q_dtype, plan):
     """P = exp(scale * S - m_new) on ScalarE, summed per row by its accumulator; and
     alpha = exp(m_old - m_new), which rescales the running sum and accumulator."""
     qs, ks = r.s.qs, r.ks
@@ -1185,6 +1772,8 @@ def _exponentiate(r, q_dtype):
         reduce_cmd=nisa.reduce_cmd.reset_reduce,
     )
     r.p, r.tile_sum = p_sb, tile_sum
+    if plan.dropout:
+        _drop(p_sb, qs, r.k0, ks, r.s, plan)
     if r.prev is not None:
         alpha = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="alpha")
         nisa.activation(dst=alpha, op=nl.exp, data=r.prev, bias=r.new_neg_max, scale=-1.0)
@@ -1280,10 +1869,12 @@ def _close_query_tile(s, out, lse, b, plan):
         recip = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
         if s.sink is None:
             nisa.reciprocal(dst=recip, data=row_sum)
+            dead = _close_features(recip, neg_max, qs, plan)
             nisa.tensor_scalar(dst=o_out, data=s.o_acc, op0=nl.multiply, operand0=recip)
         else:
             neg_max, row_sum, rescale = _fold_sink(s)
             nisa.reciprocal(dst=recip, data=row_sum)
+            dead = _close_features(recip, neg_max, qs, plan)
             nisa.tensor_scalar(
                 dst=o_out,
                 data=s.o_acc,
@@ -1295,6 +1886,9 @@ def _close_query_tile(s, out, lse, b, plan):
         log_sum = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="log_sum")
         nisa.activation(dst=log_sum, op=nl.log, data=row_sum)
         nisa.tensor_tensor(dst=lse_t, data1=log_sum, data2=neg_max, op=nl.subtract)
+        if dead is not None:  # the sink folded in: dead only with a sink of -inf (or none)
+            dead_lse = float("-inf") if s.sink is None else s.sink
+            nisa.tensor_copy_predicated(dst=lse_t, src=dead_lse, predicate=dead)
         if n_dead:
             # Rows that see no key at all: zeros and the sink (or -inf), as the contract says.
             nisa.memset(dst=o_out[0:n_dead, 0:d], value=0.0)
@@ -1337,7 +1931,9 @@ def _drain(pending, out, lse, b, q_dtype, plan):
         _close_query_tile(s, out, lse, b, plan)
 
 
-def _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan, bounds=None):
+def _attend_kv_head(
+    q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan, bounds=None, feat=None
+):
     """Online softmax for every (head, q0) query tile of KV head ``kvh``: groups of
     ``q_group`` tiles in lockstep over the key tiles they see, software-pipelined over
     key tiles and across groups: the next key tile's scores and max (the next group's
@@ -1349,7 +1945,7 @@ def _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan
         for h, q0 in tiles[t0 : t0 + plan.q_group]:
             qs = min(plan.q_tile, plan.sq - q0)
             sink = _load_sink(sinks, h, qs, sink_cols)
-            states.append(_open_query_tile(q, sink, b, h, q0, plan))
+            states.append(_open_query_tile(q, sink, b, h, q0, plan, feat))
             if bounds is not None:
                 states[-1].bounds = (bounds, q0 // plan.q_tile)
         last = None
@@ -1399,6 +1995,11 @@ class QueryTile(nl.NKIObject):
     o_ps: object  # [qs, D] fp32 PSUM: P V summed over every key the tile sees
     sink: object  # [qs, 1] fp32 the head's sink logit on every row, None without sinks
     bounds: object = None  # run-time bounds: (SBUF bounds, this query tile's index), or None
+    feat: object = None  # ScoreInputs (attention mask, dropout), None without them
+    row_key: object = None  # [qs, 1] int32 dropout row keys, None without dropout
+    dead: object = None  # [qs, 1] uint8: rows an attention mask leaves with no key
+    bits: list = None  # dropout: per key tile its DropBits, built ahead of its exp
+    mask_tiles: list = None  # a mask with a query dim: per key tile its tile, loaded ahead
 
 
 def _query_tile(h, q0, plan):
@@ -1416,9 +2017,11 @@ def _query_tile(h, q0, plan):
         # chunks, so P^T chunks stay on V's chunks) stay in PSUM; only the chunks an edge
         # crosses (before and after them) are scaled and masked in SBUF.
         seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, bounds)
-        if seen != "some" or plan.softcap or plan.runtime_bounds:  # one span per key tile
-            masked = bool(plan.softcap) or (bool(plan.runtime_bounds) and not raw_bounds(plan))
-            spans.append((k0, ks, masked))
+        stored = plan.softcap or (plan.mask and not plan.mask_row)
+        if seen != "some" or stored or plan.runtime_bounds:  # one span per key tile
+            # softcap, a mask with a query dim: every tile is kept (and masked) in SBUF
+            bounded = bool(plan.runtime_bounds) and not raw_bounds(plan)
+            spans.append((k0, ks, bool(stored) or bounded))
             continue
         for c0, cs in tiled(k0 + ks, plan.d_tile, k0):
             masked = tile_visibility(q0, qs, c0, cs, plan.sq, plan.sk, bounds) != "all"
@@ -1463,6 +2066,8 @@ def _scores(qt, kt, k0, ks, plan):
     """S = q K^T of one key tile into a PSUM bank (fp32), over the D tiles."""
     s_ps = nl.ndarray((qt.qs, ks), dtype=nl.float32, buffer=nl.psum, name="scores")
     matmul_over_d(s_ps, qt.q_t, 0, qt.qs, kt, k0, ks, plan)
+    if plan.mask_row:
+        add_row_mask(s_ps, qt.feat, qt.h, qt.qs, k0, ks, plan)
     return s_ps
 
 
@@ -1503,7 +2108,20 @@ def _max_step(q, b, qt, j, kt, plan):
             axis=1,
         )
         return
-    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan, qt.bounds)
+    mask_t = None
+    if qt.mask_tiles is not None:  # loaded MASK_PREFETCH steps before
+        mask_t, qt.mask_tiles[j] = qt.mask_tiles[j], None
+    seen = tile_visibility(qt.q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
+    if select_mask(plan) and seen != "some":  # select, keep and take the row max at once
+        s_sb = nl.ndarray((qs, ks), dtype=nl.float32, buffer=nl.sbuf, name="scores_masked")
+        nisa.select_reduce(
+            dst=s_sb, predicate=mask_t, on_true=s_ps, on_false=masked_fill(plan),
+            reduce_res=qt.ext_masked[0:qs, col : col + 1],
+            reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum,
+        )  # fmt: skip
+        qt.masked[j] = s_sb
+        return
+    s_sb = _stored_scores(s_ps, qs, ks, qt.q0, k0, plan, qt.bounds, qt, mask_t)
     nisa.tensor_reduce(dst=qt.ext_masked[0:qs, col : col + 1], op=nl.max, data=s_sb, axis=1)
     qt.masked[j] = s_sb
 
@@ -1515,10 +2133,12 @@ def _row_max(qt, plan):
     neg_masked = None
     if qt.n_masked:
         neg_masked = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_masked")
-        if plan.softcap:  # the stored t = tanh(.): -max(softcap * t) = -softcap * max(t)
+        if stored_scale(plan) != 1.0:  # t = tanh(.) (or raw S): -max(c t) = -c max(t), c > 0
             t_max = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="t_max")
             nisa.tensor_reduce(dst=t_max, op=nl.max, data=qt.ext_masked, axis=1)
-            nisa.tensor_scalar(dst=neg_masked, data=t_max, op0=nl.multiply, operand0=-plan.softcap)
+            nisa.tensor_scalar(
+                dst=neg_masked, data=t_max, op0=nl.multiply, operand0=-stored_scale(plan)
+            )
         else:
             nisa.tensor_reduce(dst=neg_masked, op=nl.max, data=qt.ext_masked, axis=1, negate=True)
     if qt.n_raw:
@@ -1542,6 +2162,8 @@ def _row_max(qt, plan):
             )
     else:
         neg_max = neg_masked
+    if plan.mask == "float":
+        _clamp_neg_max(neg_max)
     if qt.sink is not None:  # the sink is one more logit: -max(m, sink) = min(-m, -sink)
         with_sink = nl.ndarray((qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="neg_max_sink")
         nisa.tensor_scalar(
@@ -1595,6 +2217,12 @@ def _exp_step(qt, j, kt, q_dtype, plan):
             reduce_res=qt.row_sum,
             reduce_cmd=nisa.reduce_cmd.reduce,
         )
+    if plan.dropout:  # the bits were made in the steps before (_two_pass_kv_head)
+        nisa.scalar_tensor_tensor(
+            dst=p_sb, data=qt.bits[j].bits, op0=nl.greater_equal, operand0=float(plan.dropout),
+            op1=nl.multiply, operand1=p_sb,
+        )  # fmt: skip
+        qt.bits[j] = None
     qt.masked[j] = None
     qt.p[j] = p_sb
 
@@ -1646,10 +2274,21 @@ def _pv_step(qt, j, vb, plan):
     qt.p_t[j] = None
 
 
-def _close_sum(qt):
+def _dropout_step(qt, j, stage, feat):
+    """Stage ``stage`` of the dropout bits of key tile ``j`` of the query tile."""
+    if stage == 0:
+        k0, ks, _, _ = qt.keys[j]
+        qt.bits[j] = DropBits(
+            row_key=qt.row_key, n_q=qt.qs, k0=k0, n_k=ks, x=None, y=None, bits=None
+        )
+    dropout_stage(qt.bits[j], stage, feat)
+
+
+def _close_sum(qt, plan):
     """The close's first half: 1 / l on VectorE (the rest waits for it, a step later)."""
     qt.recip = nl.ndarray((qt.qs, 1), dtype=nl.float32, buffer=nl.sbuf, name="recip")
     nisa.reciprocal(dst=qt.recip, data=qt.row_sum)
+    qt.dead = _close_features(qt.recip, qt.neg_max, qt.qs, plan)
 
 
 def _close_two_pass(qt, out, lse, b, plan):
@@ -1668,6 +2307,9 @@ def _close_two_pass(qt, out, lse, b, plan):
         nisa.tensor_tensor(
             dst=lse_t, data1=log_sum, data2=qt.neg_max, op=nl.subtract, engine=nisa.engine.gpsimd
         )
+        if qt.dead is not None:  # the sink folded in: dead only with a sink of -inf (or none)
+            dead_lse = float("-inf") if qt.sink is None else qt.sink
+            nisa.tensor_copy_predicated(dst=lse_t, src=dead_lse, predicate=qt.dead)
         if qt.n_dead:
             nisa.memset(dst=o_out[0 : qt.n_dead, 0:d], value=0.0)
             _dead_lse(lse_t, qt.n_dead, qt.sink)
@@ -1675,7 +2317,9 @@ def _close_two_pass(qt, out, lse, b, plan):
     nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs, 0:1], src=lse_t)
 
 
-def _two_pass_kv_head(q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan, bounds=None):
+def _two_pass_kv_head(
+    q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan, bounds=None, feat=None
+):
     """Every (head, q0) query tile of one KV head in two passes over its keys, software-
     pipelined over the flat list of (query tile, key tile) steps: at step ``i`` the max
     pass runs ``plan.lead`` steps ahead (so a tile's max is known before its exps), the exp
@@ -1686,24 +2330,44 @@ def _two_pass_kv_head(q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan, bou
     steps = []  # (query tile, key tile), in order
     for h, q0 in tiles:
         qt = _query_tile(h, q0, plan)
+        qt.feat = feat
         qt.sink = _load_sink(sinks, h, qt.qs, sink_cols)
         if bounds is not None:
             qt.bounds = (bounds, q0 // plan.q_tile)
         if not qt.keys:  # no key is visible to any row of the tile
             _close_two_pass(qt, out, lse, b, plan)
             continue
+        if plan.mask and not plan.mask_row:
+            qt.mask_tiles = [None] * len(qt.keys)
+        if plan.dropout:  # its rows' keys, early: the bits are made steps ahead
+            qt.row_key = nl.ndarray((qt.qs, 1), dtype=nl.int32, buffer=nl.sbuf, name="row_key")
+            load_row_keys(qt.row_key, feat, h, q0, qt.qs)
+            qt.bits = [None] * len(qt.keys)
         states.append(qt)
         for j in range(len(qt.keys)):
             steps.append((len(states) - 1, j))
     n = len(steps)
     burst = plan.max_burst
-    for i in range(-plan.lead - burst - plan.q_prefetch, n + plan.lag_close + 1):
+    first = min(-plan.lead - burst - plan.q_prefetch, -DROPOUT_STAGES)
+    for i in range(first, n + plan.lag_close + 1):
         f = i + plan.lead + burst - 1 + plan.q_prefetch
         if 0 <= f < n:
             t, j = steps[f]
             if j == 0:
                 assert len(states[t].keys) <= plan.lead + 1, "flash_attention: lead too short"
                 _load_query(q, b, states[t], plan)
+        # its mask tile, MASK_PREFETCH steps ahead of the earliest burst its max pass is in
+        f = i + plan.lead + burst - 1 + MASK_PREFETCH
+        if 0 <= f < n and plan.mask and not plan.mask_row:
+            t, j = steps[f]
+            qt = states[t]
+            k0, ks, _, _ = qt.keys[j]
+            qt.mask_tiles[j] = load_mask_tile(feat, qt.h, qt.q0, qt.qs, k0, ks, plan)
+        for stage in range(DROPOUT_STAGES if plan.dropout else 0):
+            f = i + DROPOUT_STAGES - stage  # stage s of step f, DROPOUT_STAGES - s steps ahead
+            if 0 <= f < n:
+                t, j = steps[f]
+                _dropout_step(states[t], j, stage, feat)
         if (i + plan.lead) % burst == 0:
             for f in range(i + plan.lead, i + plan.lead + burst):
                 if 0 <= f < n:
@@ -1726,7 +2390,7 @@ def _two_pass_kv_head(q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan, bou
         if 0 <= f < n:
             t, j = steps[f]
             if j == len(states[t].keys) - 1:
-                _close_sum(states[t])
+                _close_sum(states[t], plan)
         f = i - plan.lag_close - 1
         if 0 <= f < n:
             t, j = steps[f]
@@ -1735,7 +2399,7 @@ def _two_pass_kv_head(q, sinks, sink_cols, out, lse, kt, vb, b, tiles, plan, bou
 
 
 @nki.jit
-def flash_attention_fwd_kernel(q, k, v, sinks, plan, kv_bounds=None):
+def flash_attention_fwd_kernel(q, k, v, sinks, plan, kv_bounds=None, attn_mask=None, row_keys=None):
     """Flash attention forward: ``(out [B, H, Sq, D] in q's dtype, lse [B, H, Sq, 1] fp32)``
     for q ``[B, H, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` in HBM; ``sinks`` is None or each
     head's sink logit broadcast to ``[H, 128, 1]`` fp32 (one value per partition row).
@@ -1747,7 +2411,10 @@ def flash_attention_fwd_kernel(q, k, v, sinks, plan, kv_bounds=None):
 
     ``plan.packed``: q ``[B, Sq, H, D]``, k and v ``[B, Sk, Hkv, D]`` and out in that
     layout (read and written through BHSD views). ``kv_bounds`` (``plan.runtime_bounds``):
-    each query row's visible keys, :func:`load_bounds`.
+    each query row's visible keys, :func:`load_bounds`. ``attn_mask`` (plan.mask: "bool"
+    as uint8, or "float"; 4-d, broadcast dims of size 1) and ``row_keys``
+    (``[B, H, Sq, 1]`` int32, plan.dropout) are the score-side features' inputs, None
+    without them.
     """
     if plan.packed:
         q, k, v = q.permute((0, 2, 1, 3)), k.permute((0, 2, 1, 3)), v.permute((0, 2, 1, 3))
@@ -1768,26 +2435,56 @@ def flash_attention_fwd_kernel(q, k, v, sinks, plan, kv_bounds=None):
         "flash_attention: kv_bounds and plan.runtime_bounds go together"
     )
     bounds = load_bounds(kv_bounds, plan)
+    feat = score_inputs(attn_mask, row_keys, plan, plan.q_tile, q.dtype, plan.k_tile)
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None
+        group_feat = for_group(feat, b, kvh, H // Hkv, plan.scale, plan, q.dtype)
         if plan.softmax == "two_pass":
-            _two_pass_kv_head(q, sinks, sink_cols, out, lse, kv[0], kv[1], b, tiles, plan, bounds)
+            _two_pass_kv_head(
+                q, sinks, sink_cols, out, lse, kv[0], kv[1], b, tiles, plan, bounds, group_feat
+            )
         else:
-            _attend_kv_head(q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan, bounds)
+            _attend_kv_head(
+                q, k, v, sinks, sink_cols, out, lse, kv, b, kvh, tiles, plan, bounds, group_feat
+            )
     return out_hbm, lse
 
 
 # -- op-level glue: problem, launch, inputs ---------------------------------------------------
 
 
+def mask_problem(attn_mask, dropout_p) -> dict:
+    """The problem keys of an attention mask and dropout (both directions'): none for plain
+    attention; ``mask`` ("bool"/"float") and ``mask_dims`` (the 4-d mask's dims, "b", "h",
+    "q", "k" where full, "1" where broadcast: "b11k" is a padding mask), ``dropout_p``."""
+    out = {}
+    if attn_mask is not None:
+        m = mask_4d(attn_mask)
+        out["mask"] = "bool" if m.dtype == torch.bool else "float"
+        out["mask_dims"] = "".join(c if n > 1 else "1" for c, n in zip("bhqk", m.shape))
+    if dropout_p:
+        out["dropout_p"] = float(dropout_p)
+    return out
+
+
 def problem(
-    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
 ) -> dict:
     """The sizes that select configs and limits (shape syntax ``BxHxHKVxSQxSKxD``), plus
     ``causal``, the softmax ``scale`` in use (``None``: 1/sqrt(D)), the window's sides
-    (``window_left``, ``window_right``; -1 unbounded), ``softcap`` (0: off) and whether
-    there are ``sinks``."""
+    (``window_left``, ``window_right``; -1 unbounded), ``softcap`` (0: off), whether
+    there are ``sinks``, and the mask and dropout (:func:`mask_problem`)."""
     b, h, sq, d = q.shape
     left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     return {
@@ -1803,12 +2500,32 @@ def problem(
         "window_right": right,
         "softcap": float(softcap),
         "sinks": sinks is not None,
+        **mask_problem(attn_mask, dropout_p),
     }
 
 
-def _forward_kernels(q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, op):
+def kernel_mask(attn_mask):
+    """The mask as the kernels read it: 4-d, stride-0 dims narrowed (:func:`mask_4d`),
+    contiguous at that size, a bool one viewed as uint8 (no copy); None stays None."""
+    if attn_mask is None:
+        return None
+    m = mask_4d(attn_mask).contiguous()
+    return m.view(torch.uint8) if m.dtype == torch.bool else m
+
+
+def kernel_row_keys(dropout_p, dropout_seed, b, h, sq):
+    """Dropout's ``[B, H, Sq, 1]`` int32 row keys for the kernels (None without dropout)."""
+    if not dropout_p:
+        return None
+    return dropout_row_keys(dropout_seed, b, h, sq).reshape(b, h, sq, 1).contiguous()
+
+
+def _forward_kernels(
+    q, k, v, causal, softmax_scale, window, softcap, sinks, features, config, runner, op
+):
     """``(out, lse)`` through the forward kernel; empty shapes and Sk = 0 (every row masked)
-    never launch it."""
+    never launch it. ``features`` = (attn_mask, dropout_p, dropout_seed)."""
+    attn_mask, dropout_p, dropout_seed = features
     b, h, sq, d = q.shape
     sk = k.shape[2]
     if b == 0 or h == 0 or sq == 0 or sk == 0:
@@ -1819,7 +2536,7 @@ def _forward_kernels(q, k, v, causal, softmax_scale, window, softcap, sinks, con
         return out, lse
     spec = REGISTRY_BY_NAME[op]
     tiles = spec.check(
-        problem(q, k, v, causal, softmax_scale, window, softcap, sinks),
+        problem(q, k, v, causal, softmax_scale, window, softcap, sinks, *features),
         dtype_name(q),
         config,
         runner.target,
@@ -1828,14 +2545,11 @@ def _forward_kernels(q, k, v, causal, softmax_scale, window, softcap, sinks, con
     sink_rows = None
     if sinks is not None:  # each head's sink on every partition row: [H, 128, 1] fp32
         sink_rows = sinks.float().reshape(h, 1, 1).expand(h, tiles.q_tile, 1).contiguous()
-    out, lse = runner(
-        flash_attention_fwd_kernel[tiles.lnc],
-        q.contiguous(),
-        k.contiguous(),
-        v.contiguous(),
-        sink_rows,
-        tiles,
-    )
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), sink_rows, tiles)
+    if attn_mask is not None or dropout_p:  # plain attention launches as it always did
+        mask, keys = kernel_mask(attn_mask), kernel_row_keys(dropout_p, dropout_seed, b, h, sq)
+        args += (None, mask, keys)  # (no kv_bounds)
+    out, lse = runner(flash_attention_fwd_kernel[tiles.lnc], *args)
     return out, lse.reshape(b, h, sq)
 
 
@@ -1848,13 +2562,17 @@ def run_kernels_fwd(
     window: list[int] | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: torch.Tensor | None = None,
     *,
     config: FlashAttentionConfig,
     runner,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [B, H, Sq, D], lse [B, H, Sq] fp32)`` for BHSD q, k, v."""
+    features = (attn_mask, dropout_p, dropout_seed)
     return _forward_kernels(
-        q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, FWD_OP
+        q, k, v, causal, softmax_scale, window, softcap, sinks, features, config, runner, FWD_OP
     )
 
 
@@ -1867,35 +2585,80 @@ def run_kernels(
     window: list[int] | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: torch.Tensor | None = None,
     *,
     config: FlashAttentionConfig,
     runner,
 ) -> torch.Tensor:
     """``out [B, H, Sq, D]`` for BHSD q, k, v."""
+    features = (attn_mask, dropout_p, dropout_seed)
     return _forward_kernels(
-        q, k, v, causal, softmax_scale, window, softcap, sinks, config, runner, OP
+        q, k, v, causal, softmax_scale, window, softcap, sinks, features, config, runner, OP
     )[0]
 
 
 def reference_fwd(
-    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None, upcast=True
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
+    upcast=True,
 ):
     """``(out, lse)``: :func:`attention_reference`."""
-    return attention_reference(q, k, v, causal, softmax_scale, window, softcap, sinks, upcast)
+    return attention_reference(
+        q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
+        dropout_seed, upcast,
+    )  # fmt: skip
 
 
 def reference(
-    q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None, upcast=True
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
+    upcast=True,
 ):
     """``out``: the first output of :func:`attention_reference`."""
-    return attention_reference(q, k, v, causal, softmax_scale, window, softcap, sinks, upcast)[0]
+    return reference_fwd(
+        q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
+        dropout_seed, upcast,
+    )[0]  # fmt: skip
 
 
 def _validate(op):
     def validate(
-        q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None
+        q,
+        k,
+        v,
+        causal=False,
+        softmax_scale=None,
+        window=None,
+        softcap=0.0,
+        sinks=None,
+        attn_mask=None,
+        dropout_p=0.0,
+        dropout_seed=None,
     ) -> None:
-        validate_attention(op, q, k, v, causal, softmax_scale, window, softcap, sinks)
+        validate_attention(
+            op, q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
+            dropout_seed, seed_required=op != OP,
+        )  # fmt: skip
 
     validate.__doc__ = f"Refuse bad {op} input before any work (:func:`validate_attention`)."
     return validate
@@ -1928,7 +2691,30 @@ def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     v = torch.randn(b, hkv, sk, d, generator=generator).to(t)
     window, softcap, sinks = draw_features(problem, h, generator)
     causal = bool(problem.get("causal", False))
-    return q, k, v, causal, problem.get("scale"), window, softcap, sinks
+    extra = draw_mask_dropout(problem, b, h, sq, sk, t, generator)
+    return q, k, v, causal, problem.get("scale"), window, softcap, sinks, *extra
+
+
+def draw_mask_dropout(problem: dict, b, h, sq, sk, dtype, generator) -> tuple:
+    """``(attn_mask, dropout_p, dropout_seed)`` of ``problem`` (:func:`mask_problem`), drawn
+    after every other input: a bool mask True with probability 0.8, or a float one
+    ~ N(0, 2^2) in ``dtype`` with -inf at probability 0.2, at the dims ``mask_dims`` names
+    (the others 1); the seed uniform in [0, 2^62)."""
+    attn_mask = seed = None
+    kind = problem.get("mask", "")
+    if kind:
+        dims = str(problem.get("mask_dims", "bhqk"))
+        shape = [n if c != "1" else 1 for c, n in zip(dims, (b, h, sq, sk))]
+        u = torch.rand(shape, generator=generator)
+        if kind == "bool":
+            attn_mask = u < 0.8
+        else:
+            z = torch.randn(shape, generator=generator) * 2.0
+            attn_mask = torch.where(u < 0.2, torch.full_like(z, float("-inf")), z).to(dtype)
+    p = float(problem.get("dropout_p", 0.0))
+    if p:
+        seed = torch.randint(0, 2**62, (2,), generator=generator, dtype=torch.int64)
+    return attn_mask, p, seed
 
 
 def feature_suffix(problem: dict) -> str:
@@ -1946,6 +2732,10 @@ def feature_suffix(problem: dict) -> str:
         out += "_softcap"
     if problem.get("sinks"):
         out += "_sinks"
+    if problem.get("mask"):
+        out += f"_mask{problem['mask']}{problem.get('mask_dims', 'bhqk')}"
+    if problem.get("dropout_p"):
+        out += "_dropout"
     return out
 
 
@@ -2009,35 +2799,101 @@ def _bad_inputs(op):
             ((q, kv, kv, False, None, None, 0.0, f(4, 1)), "sinks shape"),
             ((q, kv, kv, False, None, None, 0.0, f(4, dtype=torch.bfloat16)), "sinks dtype"),
             ((q, kv, kv, False, None, None, 0.0, f(4, device="meta")), "sinks device"),
+            *_bad_mask_dropout((q, kv, kv, False, None, None, 0.0, None), q, 8, op),
         ]
 
     return bad_inputs
 
 
-def composite(q, k, v, causal=False, softmax_scale=None, window=None, softcap=0.0, sinks=None):
-    """The public op as torch runs it: the forward's ``out``; autograd saves its ``lse``."""
+def _bad_mask_dropout(base, q, sk, op):
+    """Bad attn_mask / dropout_p / dropout_seed after the 8 arguments ``base``: (args,
+    the argument the error must name). The seed is required except by the public op."""
+    f = torch.zeros
+    b, h, sq, _ = q.shape
+    seed = torch.tensor([1, 2])
+    bad = [
+        ((*base, f(b, h, sq, sk, 1)), "attn_mask rank"),
+        ((*base, f(())), "attn_mask rank"),
+        ((*base, f(sq, sk + 1)), "attn_mask shape"),
+        ((*base, f(2 * b, 1, 1, sk)), "attn_mask shape"),
+        ((*base, f(1, h + 1, 1, sk)), "attn_mask shape"),
+        ((*base, f(sq, sk, dtype=torch.float64)), "attn_mask dtype"),
+        ((*base, f(sq, sk, dtype=torch.int32)), "attn_mask dtype"),
+        ((*base, f(sq, sk, dtype=torch.bfloat16)), "attn_mask dtype"),
+        ((*base, f(sq, sk, device="meta")), "attn_mask device"),
+        ((*base, None, -0.1, seed), "dropout_p"),
+        ((*base, None, 1.0, seed), "dropout_p"),
+        ((*base, None, float("nan"), seed), "dropout_p"),
+        ((*base, None, 0.1, seed.int()), "dropout_seed dtype"),
+        ((*base, None, 0.1, seed[:1]), "dropout_seed shape"),
+        ((*base, None, 0.1, seed.reshape(1, 2)), "dropout_seed shape"),
+        ((*base, None, 0.1, seed.to("meta")), "dropout_seed device"),
+    ]
+    if op != OP:
+        bad.append(((*base, None, 0.1, None), "dropout_seed"))
+    return bad
+
+
+def composite(
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window=None,
+    softcap=0.0,
+    sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
+):
+    """The public op as torch runs it: the forward's ``out``; autograd saves its ``lse``
+    (and the mask and dropout seed). ``dropout_p > 0`` without a seed draws one on q's
+    device from torch's default generator (no host sync; the backward replays it). A
+    float ``attn_mask`` that requires grad is refused (:func:`refuse_mask_grad`)."""
+    if torch.is_grad_enabled():
+        refuse_mask_grad(OP, attn_mask)
+    if dropout_p and dropout_seed is None:
+        dropout_seed = torch.randint(0, 2**62, (2,), dtype=torch.int64, device=q.device)
     return torch.ops.neuron.flash_attention_fwd(
-        q, k, v, causal, softmax_scale, window, softcap, sinks
-    )[0]
+        q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
+        dropout_seed,
+    )[0]  # fmt: skip
 
 
-def _setup_context(ctx, q, k, v, causal, softmax_scale, window, softcap, sinks, output):
+def _setup_context(
+    ctx,
+    q,
+    k,
+    v,
+    causal,
+    softmax_scale,
+    window,
+    softcap,
+    sinks,
+    attn_mask,
+    dropout_p,
+    dropout_seed,
+    output,
+):
+    refuse_mask_grad(FWD_OP, attn_mask)
     out, lse = output
     ctx.causal, ctx.softmax_scale = causal, softmax_scale
     ctx.window, ctx.softcap = window, softcap
     ctx.has_sinks = sinks is not None
-    ctx.save_for_backward(q, k, v, out, lse, sinks)
+    ctx.dropout_p = dropout_p
+    ctx.save_for_backward(q, k, v, out, lse, sinks, attn_mask, dropout_seed)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, grad_lse):
     """dq, dk, dv and dsinks (in sinks' dtype) from the backward op, with the forward's
     saved out and lse (no recomputed forward). ``lse`` is marked non-differentiable."""
-    q, k, v, out, lse, sinks = ctx.saved_tensors
+    q, k, v, out, lse, sinks, attn_mask, dropout_seed = ctx.saved_tensors
     if q.numel() == 0 or k.shape[2] == 0:  # nothing attended: every gradient is zero
         dsinks = torch.zeros_like(sinks) if ctx.has_sinks else None
         zeros = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        return (*zeros, None, None, None, None, dsinks)
+        return (*zeros, None, None, None, None, dsinks, None, None, None)
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv, dsinks = torch.ops.neuron.flash_attention_bwd(
@@ -2052,8 +2908,12 @@ def _backward(ctx, grad_out, grad_lse):
         ctx.window,
         ctx.softcap,
         sinks,
+        attn_mask,
+        ctx.dropout_p,
+        dropout_seed,
     )
-    return dq, dk, dv, None, None, None, None, dsinks.to(sinks.dtype) if ctx.has_sinks else None
+    dsinks = dsinks.to(sinks.dtype) if ctx.has_sinks else None
+    return dq, dk, dv, None, None, None, None, dsinks, None, None, None
 
 
 _TOLERANCES = {

@@ -62,19 +62,38 @@ from neuron_kernels.backend import nisa, nki, nl
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target
 from neuron_kernels.kernels.flash_attention import (
+    DROPOUT_STAGES,
     MASK_FILL,
+    MASK_PREFETCH,
+    DropBits,
+    _bad_mask_dropout,
+    add_row_mask,
+    apply_attn_mask,
     attention_reference,
     bounds_bytes,
     dead_rows,
+    dead_rows_column,
     draw_features,
+    draw_mask_dropout,
+    dropout_keep,
+    dropout_stage,
     feature_suffix,
+    for_group,
+    kernel_mask,
+    kernel_row_keys,
     key_bounds,
     load_bounds,
+    load_mask_tile,
+    load_row_keys,
     mask_bounds,
+    mask_problem,
     mask_window,
     matmul_over_d,
+    refuse_bounds_features,
     resolve_scale,
     runtime_bounds_mode,
+    score_features,
+    score_inputs,
     tile_visibility,
     transpose_blocks,
     validate_attention,
@@ -105,6 +124,9 @@ __all__ = [
 ]
 
 OP = "flash_attention_bwd"
+# The exp bias of a row an attention mask leaves with no key (its lse is -inf): every P of
+# the row is exp(score - 3e38) = 0, whatever its (finite or -inf) masked scores.
+DEAD_ROW_BIAS = -3.0e38
 # Software pipeline depth (tile pairs): stage 2 (dK/dV, dS^T) and stage 3 (dQ) trail the
 # scores by this many pairs, so each in-order engine queue has independent work while a
 # pair's results cross engines (~200-cycle engine latency, cost_model/params.py).
@@ -206,6 +228,11 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
     softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
     tanh_blocks: int  # softcap: key blocks whose tanh tiles are made ahead (2, 1; 0: per pair)
+    mask: str  # attn_mask: "" none, "bool" (uint8 in HBM, 0 masks) or "float" (added)
+    mask_dims: tuple  # per dim of the 4-d mask (B, H, Sq, Sk): True full, False size 1
+    mask_row: bool  # no query dim, no softcap: added to S on TensorE (the forward's for_group)
+    dropout: int  # dropout_threshold(p), 0 off (the forward's draw, replayed)
+    inv_keep: float  # 1 / (1 - dropout_p)
     tile_q: int  # query rows per tile (partitions of the score tiles)
     tile_k: int  # keys per tile
     q_block: int  # query tiles per pass
@@ -283,6 +310,17 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     softcap = float(problem.get("softcap", 0.0))
     if softcap:  # t^2 and P (1 - t^2) of the pairs in flight
         pair += (lag + 1) * 2 * keys * 4
+    # per pair in flight: a mask tile (4 bytes per key at most; and its masked scores), and
+    # dropout's kept dP (fp32) and P; dropout's hash tiles of the pairs its pipeline runs
+    # ahead, and the launch's key iota
+    features = score_features(problem)
+    refuse_bounds_features(OP, problem, features)
+    stored_mask = bool(features["mask"]) and not features["mask_row"]
+    pair += (lag + 1) * keys * (8 * stored_mask + (8 + item) * bool(features["dropout"]))
+    if features["dropout"]:
+        pair += (DROPOUT_STAGES + 1) * keys * 8 + keys * 4
+    if features["mask_row"]:  # the group's bias rows (and their raw loads), on one partition
+        pair += (groups if features["mask_dims"][1] else 1) * sk * 8
     staging = d * item  # one output tile in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
     # softcap: the tanh tiles of 2 key blocks made ahead (this one's and the next's), else
@@ -317,6 +355,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         right=bounds[1],
         softcap=softcap,
         tanh_blocks=tanh_blocks,
+        **features,
         tile_q=tq,
         tile_k=tk,
         q_block=config.q_block,
@@ -403,6 +442,9 @@ class QueryPass(nl.NKIObject):
     dsink_dst: list  # per live tile: its rows of the dsinks contributions in HBM
     n_dead: list  # per live tile: its leading rows that see no key
     bounds: object = None  # run-time bounds: (SBUF bounds, the pass's first tile), or None
+    h: int = 0  # the query head
+    feat: object = None  # ScoreInputs (attention mask, dropout), None without them
+    row_key: object = None  # [tq, n_tiles] int32 dropout row keys, None without dropout
 
 
 @dataclass
@@ -514,7 +556,7 @@ def _tanh_scores(qs, kv, pair, scale, plan):
     return tanh_s
 
 
-def _scores(qs, kv, pair, scale, plan, tanh_s=None):
+def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
     the diagonal) and ``dS = P * (dP - D)``; with a softcap, ``P = exp(softcap t - lse)``
     from ``tanh_s`` (:func:`_tanh_scores`) and ``dS = P (1 - t^2) (dP - D)``. Returns the
@@ -527,11 +569,15 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None):
     # 53.4% TensorE at S4096; a matmul may write any region within one bank).
     s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
+    if plan.mask and not plan.mask_row and mask_t is None:  # (else loaded pairs ahead)
+        mask_t = load_mask_tile(qs.feat, qs.h, pair.q0, n_q, pair.k0, n_k, plan)
     if plan.softcap:  # P = exp(softcap t - lse), t = tanh(scale * S / softcap) made ahead
         src, exp_scale = tanh_s[0:n_q, 0:n_k], plan.softcap
     else:
         s = s_dp[:, 0, :]
         matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
+        if plan.mask_row:  # the mask's bias row added to S in PSUM (TensorE)
+            add_row_mask(s[0:n_q, 0:n_k], qs.feat, qs.h, n_q, pair.k0, n_k, plan)
         src, exp_scale = s[0:n_q, 0:n_k], scale
         if qs.bounds is not None:  # run-time bounds (no softcap): S masked in SBUF first
             bounded = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="s_bounded")
@@ -543,6 +589,13 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None):
                 nisa.tensor_scalar(dst=sb, data=src, op0=nl.multiply, operand0=scale)
                 mask_bounds(sb, n_q, n_k, pair.k0, qs.bounds[0], at, plan, MASK_FILL)
                 src, exp_scale = sb, 1.0
+    if plan.mask == "float" and not plan.mask_row:  # C = scale S (or softcap t) + mask
+        c = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="masked_scores")
+        nisa.scalar_tensor_tensor(
+            dst=c[0:n_q, 0:n_k], data=src, op0=nl.multiply, operand0=exp_scale, op1=nl.add,
+            operand1=mask_t,
+        )  # fmt: skip
+        src, exp_scale = c[0:n_q, 0:n_k], 1.0
     nisa.activation(
         dst=p[0:n_q, 0:n_k],
         op=nl.exp,
@@ -552,10 +605,17 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None):
     )
     if pair.seen == "some" and qs.bounds is None:
         mask_window(p[0:n_q, 0:n_k], n_q, n_k, pair.q0, pair.k0, plan, 0.0)
+    if plan.mask == "bool" and not plan.mask_row:
+        nisa.tensor_copy_predicated(
+            dst=p[0:n_q, 0:n_k], src=0.0, predicate=mask_t, reverse_pred=True
+        )
     dp = s_dp[:, 1, :]
     matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, 0, n_k, plan)
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
     neg_d = qs.neg_dvec[0:n_q, t : t + 1]
+    if plan.dropout:
+        tanh = tanh_s if plan.softcap else None
+        return _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh, bits, plan)
     if plan.softcap:
         # dS = P (1 - t^2) (dP - D): t^2 on GpSimd, P (1 - t^2) in fp32 and then dS from
         # PSUM on VectorE (ScalarE already took the tanh, so not dP - D as "split" does).
@@ -611,6 +671,47 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None):
             operand1=p[0:n_q, 0:n_k],
         )
     return PairTiles(p=p, ds=ds, ds_t=None)
+
+
+def _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s, bits, plan):
+    """Stage 1's end under dropout (the forward's keep mask, replayed from the same row
+    keys; ``bits``: the pair's :class:`DropBits`, made in the steps before), with
+    ``Z = keep / (1 - p)``: ``dS = P * (Z dP - D)`` (times ``1 - t^2`` under a softcap) and
+    ``keep * P`` for dV (whose ``1 / (1 - p)`` is applied once, at its store). VectorE
+    applies the keep to dP (from PSUM) and P; ScalarE takes ``Z dP - D`` (as "split")."""
+    n_q, n_k = pair.n_q, pair.n_k
+    tq, tk = plan.tile_q, plan.tile_k
+    bits = bits.bits
+    thr = float(plan.dropout)
+    kdp = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="dp_keep")
+    nisa.scalar_tensor_tensor(
+        dst=kdp[0:n_q, 0:n_k], data=bits, op0=nl.greater_equal, operand0=thr, op1=nl.multiply,
+        operand1=dp[0:n_q, 0:n_k],
+    )  # fmt: skip
+    pz = nl.ndarray((tq, tk), dtype=p.dtype, buffer=nl.sbuf, name="p_keep")
+    nisa.scalar_tensor_tensor(
+        dst=pz[0:n_q, 0:n_k], data=bits, op0=nl.greater_equal, operand0=thr, op1=nl.multiply,
+        operand1=p[0:n_q, 0:n_k],
+    )  # fmt: skip
+    weight, dp_dtype = p[0:n_q, 0:n_k], p.dtype
+    if tanh_s is not None:  # P (1 - t^2), as without dropout
+        pg = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="p_dtanh")
+        nisa.tensor_tensor(
+            dst=pg[0:n_q, 0:n_k], data1=tanh_s[0:n_q, 0:n_k], data2=tanh_s[0:n_q, 0:n_k],
+            op=nl.multiply, engine=nisa.engine.gpsimd,
+        )  # fmt: skip
+        nisa.scalar_tensor_tensor(
+            dst=pg[0:n_q, 0:n_k], data=pg[0:n_q, 0:n_k], op0=nl.subtract, operand0=1.0,
+            reverse0=True, op1=nl.multiply, operand1=weight,
+        )  # fmt: skip
+        weight, dp_dtype = pg[0:n_q, 0:n_k], nl.float32
+    dp_d = nl.ndarray((tq, tk), dtype=dp_dtype, buffer=nl.sbuf, name="dp_minus_d")
+    nisa.activation(
+        dst=dp_d[0:n_q, 0:n_k], op=nl.copy, data=kdp[0:n_q, 0:n_k], scale=plan.inv_keep,
+        bias=neg_d,
+    )  # fmt: skip
+    nisa.tensor_tensor(dst=ds[0:n_q, 0:n_k], data1=dp_d[0:n_q, 0:n_k], data2=weight, op=nl.multiply)
+    return PairTiles(p=pz, ds=ds, ds_t=None)
 
 
 def _fold(acc, part, first):
@@ -700,7 +801,7 @@ def _q_grads(st, kv, pair, first, last, sums, dq_dst, scale, plan):
     sums.started[t] = True
 
 
-def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan, bounds=None):
+def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan, bounds=None, feat=None):
     """Phase 1 of a query pass ``(h, p0, n_tiles)``: allocate its SBUF tiles and start every
     DMA (Q, dO and O rows, lse; the head's sink) of the tiles some key reaches; their dQ is
     zero otherwise (and so is their dsinks contribution, stored here)."""
@@ -724,6 +825,9 @@ def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan, bounds=N
         n_dead=[],
         bounds=None if bounds is None else (bounds, p0),
     )
+    qs.h, qs.feat = h, feat
+    if plan.dropout:
+        qs.row_key = nl.ndarray((tq, n_tiles), dtype=nl.int32, buffer=nl.sbuf, name="row_keys")
     if sinks is not None:
         qs.sink = nl.ndarray((tq, 1), dtype=nl.float32, buffer=nl.sbuf, name="sink")
         nisa.dma_copy(dst=qs.sink, src=sinks[h, 0:tq, 0:1])
@@ -746,6 +850,8 @@ def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan, bounds=N
         _load_rows(dout[b, h, q0 : q0 + n_q, :], qs.do[0:n_q, t, :], plan)
         _load_rows(out[b, h, q0 : q0 + n_q, :], qs.o[0:n_q, t, :], plan)
         nisa.dma_copy(dst=qs.neg_lse[0:n_q, t : t + 1], src=lse[b, h, q0 : q0 + n_q])
+        if plan.dropout:
+            load_row_keys(qs.row_key[0:n_q, t : t + 1], feat, h, q0, n_q)
     return qs
 
 
@@ -768,6 +874,11 @@ def _query_pass_prepare(qs, plan, psum_dtype):
             op0=nl.multiply,
             operand0=-1.0,
         )
+        if plan.mask:  # rows the mask leaves with no key (lse = -inf): P = exp(. - 3e38) = 0
+            dead = dead_rows_column(qs.neg_lse[0:n_q, t : t + 1], n_q)
+            nisa.tensor_copy_predicated(
+                dst=qs.neg_lse[0:n_q, t : t + 1], src=DEAD_ROW_BIAS, predicate=dead
+            )
         prod = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.sbuf, name="do_o")
         nisa.tensor_tensor(
             dst=prod[0:n_q, :], data1=do_rows, data2=qs.o[0:n_q, t, :], op=nl.multiply
@@ -880,7 +991,9 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
 
 
 @nki.jit
-def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan, kv_bounds=None):
+def flash_attention_bwd_kernel(
+    dout, q, k, v, out, lse, sinks, scale, plan, kv_bounds=None, attn_mask=None, row_keys=None
+):
     """``(dq, dk, dv)`` for attention in BHSD layout (HBM): ``dout, q, out [B, H, Sq, D]``,
     ``k, v [B, Hkv, Sk, D]``, ``lse [B, H, Sq]`` fp32; ``scale`` is the softmax scale
     (a compile-time float) and ``plan`` the :class:`FlashAttentionBwdPlan` for these shapes.
@@ -898,7 +1011,8 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan, kv_b
     ``plan.packed``: dout, q, out, dq ``[B, Sq, H, D]`` and k, v, dk, dv ``[B, Sk, Hkv, D]``
     (read and written through BHSD views). ``kv_bounds`` (``plan.runtime_bounds``): each
     query row's visible keys, as the forward's; a row that sees none must come with a
-    finite ``lse`` (its P is then 0).
+    finite ``lse`` (its P is then 0). ``attn_mask`` and ``row_keys`` are the forward
+    kernel's (None without them).
     """
     if plan.packed:
         dout, q, out = (
@@ -947,8 +1061,10 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan, kv_b
     # PE transposes keep the input dtype in PSUM from NeuronCore-v3 (bit-accurate mode);
     # NeuronCore-v2 transposes through an fp32 matmul.
     psum_dtype = q.dtype if plan.pe_transpose_keeps_dtype else nl.float32
+    launch_feat = score_inputs(attn_mask, row_keys, plan, plan.tile_q, q.dtype, plan.tile_k)
 
     for b, hk, group_passes, slot in plan.core_groups[core]:
+        feat = for_group(launch_feat, b, hk, plan.groups, scale, plan, q.dtype)
         if len(group_passes) == 0:  # a split group none of whose passes is this core's
             for k0, n_k in tiled(Sk, tk):
                 _store_scaled(dk_part[core, slot, k0 : k0 + n_k, :], None, n_k, scale, D)
@@ -980,7 +1096,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan, kv_b
         for ps in passes:
             pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
         kb = plan.kv_block
-        qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[0], plan, bounds)
+        qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[0], plan, bounds, feat)
         _query_pass_prepare(qs_next, plan, psum_dtype)
         kv_next = kv_all
         if kv_outer:
@@ -999,7 +1115,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan, kv_b
             next_block = -1
             if has_next:
                 qs_next = _query_pass_dma(
-                    dout, q, out, lse, sinks, dsink, b, passes[i + 1], plan, bounds
+                    dout, q, out, lse, sinks, dsink, b, passes[i + 1], plan, bounds, feat
                 )
                 if kv_outer and len(pass_pairs[i + 1]) > 0:
                     next_block = pass_pairs[i + 1][0].j // kb
@@ -1026,9 +1142,27 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan, kv_b
                     blocks.append(jb)
             states = [None] * n_pairs  # per pair: its PairTiles, from stage 1 to stage 3
             tanhs = [None] * n_pairs  # softcap: per pair its tanh(scale S / softcap) tile
-            for step in range(n_pairs + plan.lag_q):
+            drop = [None] * n_pairs  # dropout: per pair its DropBits, made ahead of stage 1
+            masks = [None] * n_pairs  # a mask with a query dim: per pair its tile, loaded ahead
+            stored_mask = plan.mask and not plan.mask_row
+            ahead = max(DROPOUT_STAGES if plan.dropout else 0, MASK_PREFETCH if stored_mask else 0)
+            for step in range(-ahead, n_pairs + plan.lag_q):
+                n = step + MASK_PREFETCH
+                if stored_mask and 0 <= n < n_pairs:
+                    pr = pairs[n]
+                    masks[n] = load_mask_tile(feat, h, pr.q0, pr.n_q, pr.k0, pr.n_k, plan)
+                for stage in range(DROPOUT_STAGES if plan.dropout else 0):
+                    n = step + DROPOUT_STAGES - stage
+                    if 0 <= n < n_pairs:
+                        if stage == 0:
+                            t, n_q = pairs[n].t, pairs[n].n_q
+                            drop[n] = DropBits(
+                                row_key=qs.row_key[0:n_q, t : t + 1], n_q=n_q, k0=pairs[n].k0,
+                                n_k=pairs[n].n_k, x=None, y=None, bits=None,
+                            )  # fmt: skip
+                        dropout_stage(drop[n], stage, feat)
                 n = step
-                if n < n_pairs:
+                if 0 <= n < n_pairs:
                     pair = pairs[n]
                     first = n == 0 or kv_group[n - 1] != kv_group[n]
                     last = n == n_pairs - 1 or kv_group[n + 1] != kv_group[n]
@@ -1051,8 +1185,9 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan, kv_b
                         while m < n_pairs and kv_group[m] == kv_group[n]:
                             tanhs[m] = _tanh_scores(qs, kv_tiles[pairs[m].j], pairs[m], scale, plan)
                             m += 1
-                    states[n] = _scores(qs, kv_tiles[pair.j], pair, scale, plan, tanhs[n])
-                    tanhs[n] = None
+                    kv_n = kv_tiles[pair.j]
+                    states[n] = _scores(qs, kv_n, pair, scale, plan, tanhs[n], drop[n], masks[n])
+                    tanhs[n], drop[n], masks[n] = None, None, None
                     if ahead >= 0 and last:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
                         if plan.softcap and plan.tanh_blocks == 2 and dst_tiles is kv_tiles:
@@ -1099,7 +1234,7 @@ def flash_attention_bwd_kernel(dout, q, k, v, out, lse, sinks, scale, plan, kv_b
                 dk_dst = dk_part[core, slot, k0 : k0 + n_k, :]
                 dv_dst = dv_part[core, slot, k0 : k0 + n_k, :]
             _store_scaled(dk_dst, dk_src, n_k, scale, D)
-            _store_scaled(dv_dst, dv_src, n_k, 1.0, D)
+            _store_scaled(dv_dst, dv_src, n_k, plan.inv_keep, D)  # dropout: 1 / (1 - p)
     if plan.split_groups and sinks is not None:
         return dq_hbm, dk_hbm, dv_hbm, dk_part, dv_part, dsink
     if plan.split_groups:
@@ -1124,11 +1259,18 @@ def validate(
     window=None,
     softcap=0.0,
     sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
 ) -> None:
     """Refuse bad op input before any work: the attention checks on (q, k, v) and the
-    window, softcap and sinks, then dout and out shaped, typed and placed as q, and lse
+    window, softcap, sinks, mask and dropout (the forward's seed required with
+    ``dropout_p > 0``), then dout and out shaped, typed and placed as q, and lse
     ``[B, H, Sq]`` float32 on q's device."""
-    validate_attention(OP, q, k, v, causal, softmax_scale, window, softcap, sinks)
+    validate_attention(
+        OP, q, k, v, causal, softmax_scale, window, softcap, sinks, attn_mask, dropout_p,
+        dropout_seed,
+    )  # fmt: skip
     validate_saved(OP, q, dout, out, lse, tuple(q.shape[:3]), "[B, H, Sq]")
 
 
@@ -1171,9 +1313,13 @@ def problem(
     window=None,
     softcap=0.0,
     sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
 ) -> dict:
     """Sizes (shape syntax ``BxHKVxGROUPSxSQxSKxD``), ``causal``, then the window's sides,
-    ``softcap`` and whether there are ``sinks`` (as the forward's :func:`problem`)."""
+    ``softcap``, whether there are ``sinks``, the mask and dropout (as the forward's
+    :func:`problem`)."""
     b, h, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     groups = h // hkv if hkv else 0
@@ -1190,6 +1336,7 @@ def problem(
         "window_right": right,
         "softcap": float(softcap),
         "sinks": sinks is not None,
+        **mask_problem(attn_mask, dropout_p),
     }
 
 
@@ -1218,6 +1365,9 @@ def reference(
     window=None,
     softcap=0.0,
     sinks=None,
+    attn_mask=None,
+    dropout_p=0.0,
+    dropout_seed=None,
     upcast=True,
 ):
     """``(dq, dk, dv, dsinks)`` in plain torch from the given ``out`` and ``lse`` (closed
@@ -1227,7 +1377,10 @@ def reference(
     without a softcap), ``dQ = scale * dS K``, ``dK = scale * dS^T Q``, dK and dV summed over
     the query heads of each KV head; ``dsinks_h = -sum_{b,i} exp(sink_h - lse) D`` (a row
     with ``lse = -inf`` adds 0: it sees nothing, its out and D are 0), in sinks' dtype, and
-    an empty float32 tensor without sinks.
+    an empty float32 tensor without sinks. ``attn_mask`` makes ``P`` 0 where it masks (and
+    on rows it leaves with no key) and adds a float one to ``C``; dropout (the forward's
+    keep mask ``Z = keep / (1 - p)``, :func:`dropout_keep`) gives ``dV = (P Z)^T dO`` and
+    ``dC = P * (Z dO V^T - D)``.
 
     fp64 when ``upcast`` (fp64 outputs), else fp32 math with outputs in the inputs' dtype.
     """
@@ -1248,12 +1401,23 @@ def reference(
         logits = softcap * capped
     # Fully masked rows (lse = -inf) see no key: any finite shift leaves their P at 0.
     shift = torch.where(torch.isinf(lsec), torch.zeros_like(lsec), lsec)
-    p = torch.exp(logits - shift)
     left, right = window_bounds(causal, window)
-    if left >= 0 or right >= 0:
-        p = p.masked_fill(~visible(sq, sk, causal, window, q.device), 0.0)
-    dv = torch.matmul(p.transpose(-1, -2), doc).sum(dim=2)
+    if attn_mask is None:
+        p = torch.exp(logits - shift)
+        if left >= 0 or right >= 0:
+            p = p.masked_fill(~visible(sq, sk, causal, window, q.device), 0.0)
+    else:  # -inf where masked (window, mask, rows left with no key): P = 0 there
+        scores = logits
+        if left >= 0 or right >= 0:
+            scores = scores.masked_fill(~visible(sq, sk, causal, window, q.device), float("-inf"))
+        p = torch.exp(apply_attn_mask(scores, attn_mask, b, hkv, groups, sq, sk) - shift)
+    pz = p
     dp = torch.matmul(doc, vc.transpose(-1, -2))
+    if dropout_p > 0:
+        keep = dropout_keep(dropout_seed, dropout_p, b, h, sq, sk).reshape(p.shape)
+        z = keep.to(compute) * (1.0 / (1.0 - dropout_p))
+        pz, dp = p * z, dp * z
+    dv = torch.matmul(pz.transpose(-1, -2), doc).sum(dim=2)
     dvec = (doc * oc).sum(dim=-1, keepdim=True)
     ds = p * (dp - dvec)
     if softcap:
@@ -1288,6 +1452,9 @@ def run_kernels(
     window: list[int] | None = None,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: torch.Tensor | None = None,
     *,
     config: FlashAttentionBwdConfig,
     runner,
@@ -1301,14 +1468,19 @@ def run_kernels(
         dsinks = torch.zeros_like(sinks)
     if 0 in (*q.shape, k.shape[1], k.shape[2]):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
+    features = (attn_mask, dropout_p, dropout_seed)
     tiles = SPEC.check(
-        problem(dout, q, k, v, out, lse, causal, softmax_scale, window, softcap, sinks),
+        problem(dout, q, k, v, out, lse, causal, softmax_scale, window, softcap, sinks, *features),
         dtype_name(q),
         config,
         runner.target,
         runner_lnc(runner),
     )
     scale = resolve_scale(softmax_scale, q.shape[3])
+    extra = ()
+    if attn_mask is not None or dropout_p:  # plain attention launches as it always did
+        b, h, sq, _ = q.shape
+        extra = (None, kernel_mask(attn_mask), kernel_row_keys(dropout_p, dropout_seed, b, h, sq))
     sink_rows = None
     if sinks is not None:  # each head's sink on every partition row: [H, 128, 1] fp32
         h = q.shape[1]
@@ -1324,6 +1496,7 @@ def run_kernels(
         sink_rows,
         scale,
         tiles,
+        *extra,
     )
     dq, dk, dv = outs[:3]
     if sinks is not None:  # the kernel's per-row parts, summed over batch and rows
@@ -1342,10 +1515,11 @@ def run_kernels(
 
 
 def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
-    """``(dout, q, k, v, out, lse, causal, None, window, softcap, sinks)``: q, k, v, dout
-    ~ N(0, 1) in ``dtype``, the window, softcap and sinks of ``problem`` (the forward's
-    :func:`draw_features`), out and lse from the fp64 reference forward (out rounded to
-    ``dtype``, lse fp32)."""
+    """``(dout, q, k, v, out, lse, causal, None, window, softcap, sinks, attn_mask,
+    dropout_p, dropout_seed)``: q, k, v, dout ~ N(0, 1) in ``dtype``, the window, softcap
+    and sinks of ``problem`` (the forward's :func:`draw_features`), its mask and dropout
+    (:func:`draw_mask_dropout`), out and lse from the fp64 reference forward (out rounded
+    to ``dtype``, lse fp32)."""
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     causal = bool(problem.get("causal", False))
@@ -1356,8 +1530,12 @@ def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
     v = torch.randn(b, hkv, sk, d, generator=generator).to(tdt)
     dout = torch.randn(b, h, sq, d, generator=generator).to(tdt)
     window, softcap, sinks = draw_features(problem, h, generator)
-    o, lse = attention_reference(q, k, v, causal, None, window, softcap, sinks, upcast=True)
-    return dout, q, k, v, o.to(tdt), lse.to(torch.float32), causal, None, window, softcap, sinks
+    extra = draw_mask_dropout(problem, b, h, sq, sk, tdt, generator)
+    o, lse = attention_reference(q, k, v, causal, None, window, softcap, sinks, *extra, upcast=True)
+    return (
+        dout, q, k, v, o.to(tdt), lse.to(torch.float32), causal, None, window, softcap, sinks,
+        *extra,
+    )  # fmt: skip
 
 
 def kv_group_slice(problem: dict, lnc: int = 1) -> tuple[dict, int]:
@@ -1408,6 +1586,7 @@ def _bad_inputs():
         ((*args(), False, None, None, 0.0, f(3)), "sinks shape"),
         ((*args(), False, None, None, 0.0, f(2, dtype=torch.float16)), "sinks dtype"),
         ((*args(), False, None, None, 0.0, f(2, device="meta")), "sinks device"),
+        *_bad_mask_dropout((*args(), False, None, None, 0.0, None), f(1, 2, 3, 8), 5, OP),
     ]
 
 

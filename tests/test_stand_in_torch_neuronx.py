@@ -497,4 +497,7 @@ def test_trn2_smoke_runs_on_the_double():
 def test_trn2_smoke_op_checks_all_pass_on_the_double():
     lines = _smoke_lines(_run(SMOKE).stdout)
     checks = OP_CHECKS + ["FusedAdamW eager", "FusedAdamW compiled"]
+    # the attention features' lines (trn2_smoke's FEATURES: forward and gradients each)
+    features = ("window", "softcap", "sinks", "padding mask", "dropout")
+    checks += [f"flash_attention {feature}" for feature in features]
     assert [lines.get(c) for c in checks] == ["PASS"] * len(checks), lines

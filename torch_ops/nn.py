@@ -29,40 +29,41 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` on ``torch.ops.neuron.flash_attention``.
 
-    Same signature and meaning for what it supports: BHSD tensors ``[B, H, L, E]`` and
-    ``[B, Hkv, S, E]``, ``is_causal``, ``scale`` (default ``1/sqrt(E)``) and ``enable_gqa``
-    (``H`` a multiple of ``Hkv``; without it the head counts must match, as in torch).
-    What it cannot do yet raises instead of silently falling back.
+    Same signature and meaning: BHSD tensors ``[B, H, L, E]`` and ``[B, Hkv, S, E]``,
+    ``attn_mask`` (bool: True attends; float in query's dtype or float32: added to the
+    scores; broadcastable to ``[B, H, L, S]``), ``dropout_p`` (the op's counter-hash
+    dropout, seeded from torch's default generator: the same statistics as torch's, not
+    its random stream), ``is_causal``, ``scale`` (default ``1/sqrt(E)``) and
+    ``enable_gqa`` (``H`` a multiple of ``Hkv``; without it the head counts must match, as
+    in torch). A row the mask leaves with no key gives zeros, as torch does.
+
+    ``is_causal`` aligns the mask top-left as torch does (query ``i`` sees key ``j`` iff
+    ``j <= i``), while the op's ``causal`` aligns bottom-right; it is passed on exactly and
+    at no extra cost: ``L == S`` is the op's causal; ``L > S`` is the op's window
+    ``(-1, L - S)`` (no causal: the window's right edge is the top-left diagonal);
+    ``L < S`` is the op's causal on the first ``L`` keys (keys ``j >= L`` are seen by no
+    query), so no mask is materialised either way.
 
     Raises:
-        LimitError: an ``attn_mask``; ``dropout_p != 0``; ``is_causal`` with ``L != S``
-            (torch aligns that mask top-left, flash attention bottom-right: call
-            ``torch.ops.neuron.flash_attention`` for the bottom-right one); query and key
-            head counts that differ without ``enable_gqa``; and every input limit of
-            ``flash_attention`` (ranks, head dims, dtypes, devices).
+        LimitError: ``attn_mask`` together with ``is_causal`` (torch's docs: "An error is
+            thrown if both attn_mask and is_causal are set"); query and key head counts
+            that differ without ``enable_gqa``; and every input limit of
+            ``flash_attention`` (ranks, head dims, dtypes, devices, the mask's shape and
+            dtype, ``dropout_p`` in [0, 1)).
     """
-    if attn_mask is not None:
-        raise LimitError(
-            _SDPA,
-            "attn_mask",
-            "must be None (only is_causal masking is supported)",
-            f"a {tuple(attn_mask.shape)} tensor"
-            if isinstance(attn_mask, torch.Tensor)
-            else repr(attn_mask),
-        )
-    if dropout_p != 0.0:
-        raise LimitError(_SDPA, "dropout_p", "must be 0.0 (dropout is not supported)", dropout_p)
     for arg, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             got = t.dim() if isinstance(t, torch.Tensor) else type(t).__name__
             raise LimitError(_SDPA, f"{arg} rank", "must be 4 ([B, heads, S, E])", got, limit=4)
-    if is_causal and query.shape[2] != key.shape[2]:
+    if is_causal and attn_mask is not None:
         raise LimitError(
             _SDPA,
-            "is_causal",
-            "needs query and key of one length (torch aligns a causal mask with L != S "
-            "top-left; torch.ops.neuron.flash_attention aligns it bottom-right)",
-            f"L={query.shape[2]}, S={key.shape[2]}",
+            "attn_mask",
+            "must be None when is_causal=True (as torch documents: an error is thrown if "
+            "both are set)",
+            f"a {tuple(attn_mask.shape)} tensor"
+            if isinstance(attn_mask, torch.Tensor)
+            else repr(attn_mask),
         )
     if not enable_gqa and query.shape[1] != key.shape[1]:
         raise LimitError(
@@ -71,7 +72,15 @@ def scaled_dot_product_attention(
             f"must equal query's heads ({query.shape[1]}) unless enable_gqa=True",
             key.shape[1],
         )
-    return torch.ops.neuron.flash_attention(query, key, value, bool(is_causal), scale)
+    causal, window = bool(is_causal), None
+    length, keys = query.shape[2], key.shape[2]
+    if is_causal and length > keys:  # top-left: j <= i = i + (S - L) + (L - S)
+        causal, window = False, [-1, length - keys]
+    elif is_causal and length < keys:  # keys j >= L are seen by no query i < L
+        key, value = key[:, :, :length], value[:, :, :length]
+    return torch.ops.neuron.flash_attention(
+        query, key, value, causal, scale, window, 0.0, None, attn_mask, float(dropout_p)
+    )
 
 
 class RMSNorm(torch.nn.Module):

@@ -19,14 +19,19 @@ How a layer reaches ``torch.ops.neuron.flash_attention`` (transformers 4.57's
 sliding-window causal patterns (as ``flash_attention_2``'s does), so no dense mask is ever
 built; the layer then calls :func:`neuron_attention_forward` with ``is_causal`` and its own
 ``sliding_window``/``softcap``/``s_aux``, which become the op's ``causal``, ``window``,
-``softcap`` and ``sinks``. ``sliding_window=W`` lets query ``i`` see key ``j`` iff
+``softcap`` and ``sinks``. A padding mask that masks a token comes back from the mask
+function as a bool ``[B, 1, 1, S]`` row of the keys (True: attend), never a dense
+``[B, 1, L, S]`` one, and reaches the op as its ``attn_mask`` on top of the layer's flags;
+attention dropout in training (``dropout``) becomes the op's ``dropout_p`` (its seed drawn
+from torch's default generator, replayed by the backward). ``sliding_window=W`` lets query ``i`` see key ``j`` iff
 ``i - W < j <= i`` (``sliding_window_overlay`` and ``causal_mask_function``), that is
 FlashAttention's ``window=(W - 1, 0)``, bottom-right aligned as the op aligns it, which is
 also how a KV cache lines the new queries up with the cached keys. What the op cannot
 express yet is refused with one :class:`~neuron_kernels.errors.LimitError` instead of being
-dropped: a padding mask that masks a token, a dense mask passed in, attention dropout in
-training, packed sequences (``position_ids`` that restart inside a row), a static cache,
-chunked attention and extra mask functions.
+dropped: a dense mask with a query dim passed in, packed sequences (``position_ids`` that
+restart inside a row), a static cache, chunked attention and extra mask functions. A query
+row that sees no key (a left-padded row's pad tokens) gives 0, where eager's softmax over
+only masked scores averages V: those are padding positions either way.
 """
 
 from __future__ import annotations
@@ -145,28 +150,26 @@ def neuron_attention_forward(
     ``causal``; ``scaling`` its ``softmax_scale``; ``sliding_window=W`` its
     ``window=(W - 1, 0)`` (``(W - 1, -1)`` without causal, as transformers' overlay alone);
     ``softcap`` (Gemma 2) its ``softcap``; ``s_aux`` (gpt-oss's per-head sinks) its
-    ``sinks``. GQA goes to the op as is (no repeated K/V).
+    ``sinks``; ``attention_mask`` without a query dim (the mask function's ``[B, 1, 1, S]``
+    padding mask) its ``attn_mask``; ``dropout`` (training with ``attention_dropout > 0``)
+    its ``dropout_p``. GQA goes to the op as is (no repeated K/V).
 
     Raises:
-        LimitError: a dense ``attention_mask`` (only the mask function's ``None`` is
-            taken); ``dropout != 0`` (training with ``attention_dropout > 0``); a
-            ``head_mask``; ``output_attentions=True`` (the weights are never formed);
-            ``sliding_window < 1``; and every input limit of ``flash_attention``.
+        LimitError: an ``attention_mask`` with a query dim (a dense mask, e.g. a 4D mask
+            passed to the model: the op takes causal and the window from its flags, and a
+            mask only on top of them); a ``head_mask``; ``output_attentions=True`` (the
+            weights are never formed); ``sliding_window < 1``; and every input limit of
+            ``flash_attention`` (its ``attn_mask`` and ``dropout_p`` included).
     """
-    if attention_mask is not None:
+    if attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[-2] != 1):
         raise LimitError(
             _ATTN,
             "attention_mask",
-            "must be None: causal and sliding-window layers get no dense mask; a dense "
-            "mask (e.g. a 4D mask passed to the model) lands with attn_mask support",
+            "must be None or a [B, 1, 1, S] padding mask (what the neuron mask function "
+            "gives): causal and sliding-window layers take their pattern from the op's "
+            "flags, so a dense mask with a query dim (e.g. a 4D mask passed to the model) "
+            "is not taken",
             f"a {tuple(attention_mask.shape)} tensor",
-        )
-    if dropout:
-        raise LimitError(
-            _ATTN,
-            "dropout",
-            "must be 0.0 (attention dropout lands later): set config.attention_dropout = 0.0",
-            dropout,
         )
     if kwargs.get("head_mask") is not None:
         raise LimitError(_ATTN, "head_mask", "must be None", "a tensor")
@@ -192,6 +195,10 @@ def neuron_attention_forward(
         features["softcap"] = float(softcap)
     if s_aux is not None:
         features["sinks"] = s_aux
+    if attention_mask is not None:
+        features["attn_mask"] = attention_mask
+    if dropout:
+        features["dropout_p"] = float(dropout)
     out = _flash_attention(query, key, value, is_causal, scaling, **features)
     return out.transpose(1, 2).contiguous(), None
 
@@ -218,17 +225,18 @@ def neuron_attention_mask(
     local_size: int | None = None,
     config=None,
     **kwargs,
-) -> None:
+) -> torch.Tensor | None:
     """The mask function registered as ``"neuron"`` (the keywords of transformers'
     ``sdpa_mask``; the queries are ``cache_position`` in 4.57, ``q_length``/``q_offset`` in
-    5.x): always ``None``, after checking that the pattern asked for is one the op computes
-    from its flags.
+    5.x): ``None``, or with a padding mask that masks a key of this step, that mask as a
+    bool ``[B, 1, 1, kv_length]`` row (True: attend), after checking that the pattern asked
+    for is one the op computes from its flags (plus that row).
 
     Checks, in order: the queries are the last of the keys (``cache_position[-1] + 1``, or
     ``q_offset + q_length``, equals ``kv_offset + kv_length``: the op's bottom-right
     alignment; a static cache has empty slots past them); a 2D padding ``attention_mask``
-    marks every key of this step (``prepare_padding_mask``'s slice, as
-    ``flash_attention_mask`` tests ``.all()``);
+    has a column for every key (``prepare_padding_mask``'s slice; when it marks every
+    key, as ``flash_attention_mask`` tests with ``.all()``, no mask is returned);
     ``local_size`` is the config's ``sliding_window`` (chunked attention passes its
     ``attention_chunk_size`` there); and when transformers says the mask may not be plain
     causal (``allow_is_causal_skip=False``: ``position_ids`` given without a cache, which
@@ -238,9 +246,9 @@ def neuron_attention_mask(
     once per forward instead of a mask read by every layer.
 
     Raises:
-        LimitError: a static cache, a padded token, chunked attention, or any other
-            pattern.
+        LimitError: a static cache, chunked attention, or any other pattern.
     """
+    padding_mask = None
     if cache_position is not None:  # transformers 4.x
         q_length = cache_position.shape[0]
         q_end = int(cache_position[-1]) + 1 if q_length else 0
@@ -252,8 +260,8 @@ def neuron_attention_mask(
             _ATTN,
             "kv_length",
             "must end at the last query (the op aligns queries with the last keys): a "
-            "static cache's empty slots would be attended (static caches land with "
-            "attn_mask support)",
+            "static cache's empty slots would be attended (the mask function passes the op "
+            "key padding only, never a dense mask with a query dim)",
             f"keys [{kv_offset}, {kv_offset + kv_length}) for queries ending at {q_end}",
         )
     if attention_mask is not None:
@@ -264,15 +272,9 @@ def neuron_attention_mask(
                 f"must have a column for each of the {kv_offset + kv_length} keys",
                 attention_mask.shape[-1],
             )
-        padding = attention_mask[:, kv_offset : kv_offset + kv_length]
+        padding = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
         if not bool(padding.all()):
-            raise LimitError(
-                _ATTN,
-                "attention_mask",
-                "must attend every token (padding masks land with attn_mask support; batch "
-                "sequences of one length until then)",
-                f"{int((~padding).sum())} masked positions in a {tuple(attention_mask.shape)} mask",
-            )
+            padding_mask = padding[:, None, None, :]  # [B, 1, 1, kv_length]: the op's attn_mask
     chunk = getattr(config, "attention_chunk_size", None)
     if local_size is not None and chunk is not None and local_size == chunk:
         raise LimitError(
@@ -287,7 +289,7 @@ def neuron_attention_mask(
             kv_length=kv_length,
             kv_offset=kv_offset,
             mask_function=mask_function,
-            attention_mask=None,  # checked above: every key attended
+            attention_mask=None,  # the pattern alone (the padding is the op's attn_mask)
             allow_is_causal_skip=False,
             local_size=local_size,
             allow_torch_fix=False,
@@ -300,11 +302,12 @@ def neuron_attention_mask(
                 "attention pattern",
                 "must be causal (or sliding-window causal) over the keys, aligned bottom-"
                 "right: packed sequences (position_ids restarting in a row), static caches "
-                "and extra mask functions land with attn_mask support",
+                "and extra mask functions would need a dense mask with a query dim, which "
+                "the neuron mask function does not build",
                 f"a [{batch_size}, {q_length}, {kv_length}] mask that differs "
                 f"from it at {int((dense != want).sum())} positions",
             )
-    return None
+    return padding_mask
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, neuron_attention_forward)

@@ -136,7 +136,7 @@ def _assert_grads_close(got_model, want_model):
 def test_registers_attention_and_mask_functions():
     """Importing the module registers "neuron" with both interfaces (masking_utils:
     ``_preprocess_mask_arguments`` skips mask creation for names absent from the mask
-    interface; ours is registered, so a padding mask is seen and refused, not dropped)."""
+    interface; ours is registered, so a padding mask is seen and passed on, not dropped)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -499,35 +499,96 @@ def _patched_llama(**config_overrides):
     return model
 
 
-def test_padding_mask_is_refused_and_a_full_one_is_not():
-    model = _patched_llama().eval()
+def _record_op(monkeypatch):
+    """Wrap the integration's one call into the op: a list of (causal, features) per call."""
+    calls = []
+    real_op = nkt._flash_attention
+
+    def op(q, k, v, causal, scale, **features):
+        calls.append((causal, features))
+        return real_op(q, k, v, causal, scale, **features)
+
+    monkeypatch.setattr(nkt, "_flash_attention", op)
+    return calls
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_padding_mask_reaches_the_op_as_a_key_row_and_matches_eager(family, monkeypatch):
+    """A left-padded batch (row 0's first 3 tokens padding): the mask function gives the op
+    a bool [B, 1, 1, S] key row (never a dense [B, 1, S, S] mask; Mistral keeps its window
+    flag), and the kernels' logits equal eager's at every token that is not padding (a pad
+    query sees no key: the op gives 0 there, eager an average of V; padding either way).
+    A mask that attends every token reaches the op as no mask at all."""
+    want_model = _model(_config(family)).eval()
+    model = copy.deepcopy(want_model)
+    nkt.apply_neuron_kernels(model)
+    calls = _record_op(monkeypatch)
     ids = _ids()
     full = torch.ones_like(ids)
-    with torch.no_grad(), cpu_mode("reference"):
-        model(ids, attention_mask=full)  # nothing masked: no mask needed
-        padded = full.clone()
-        padded[0, :3] = 0
-        with pytest.raises(LimitError) as err:
-            model(ids, attention_mask=padded)
-    assert err.value.arg == "attention_mask"
-    assert "3 masked positions" in str(err.value)
+    padded = full.clone()
+    padded[0, :3] = 0
+    with torch.no_grad(), cpu_mode("interpret"):
+        model(ids, attention_mask=full)
+        assert all("attn_mask" not in f for _, f in calls)
+        calls.clear()
+        got = model(ids, attention_mask=padded).logits
+    want = want_model(ids, attention_mask=padded).logits
+    window = {"window": [WINDOW - 1, 0]} if family == "mistral" else {}
+    assert [(c, {k: v for k, v in f.items() if k != "attn_mask"}) for c, f in calls] == [
+        (True, window)
+    ] * 2
+    for _, f in calls:
+        assert f["attn_mask"].dtype == torch.bool
+        assert torch.equal(f["attn_mask"], padded.bool()[:, None, None, :])
+    keep = padded.bool()
+    torch.testing.assert_close(got[keep], want[keep], **LOGITS_TOL)
 
 
 def test_dense_4d_mask_is_refused():
+    """A 4D mask with a query dim passed to the model (transformers hands it to every
+    layer as is) is refused: the op takes causal and the window from its flags."""
     model = _patched_llama().eval()
     mask = torch.zeros(BATCH, 1, SEQ, SEQ)
     with torch.no_grad(), cpu_mode("reference"), pytest.raises(LimitError) as err:
         model(_ids(), attention_mask=mask)
     assert err.value.arg == "attention_mask"
+    assert f"a {(BATCH, 1, SEQ, SEQ)} tensor" in str(err.value)
 
 
-def test_attention_dropout_in_training_is_refused():
+def test_attention_dropout_in_training_reaches_the_op(monkeypatch):
+    """``attention_dropout=0.1``: in training the layers pass the op ``dropout_p=0.1`` (in
+    eval none), the dropout changes the logits, and the kernels' training-mode logits and
+    gradients equal the op's reference math with the same torch seed (the op draws its
+    dropout seed from torch's default generator, so both draw the same keep mask:
+    README, attention dropout)."""
     model = _patched_llama(attention_dropout=0.1)
+    calls = _record_op(monkeypatch)
+    ids = _ids()
     with torch.no_grad(), cpu_mode("reference"):
-        model.eval()(_ids())  # eval: the model passes dropout=0.0
-        with pytest.raises(LimitError) as err:
-            model.train()(_ids())
-    assert (err.value.arg, err.value.value) == ("dropout", 0.1)
+        plain = model.eval()(ids).logits
+    assert [f for _, f in calls] == [{}, {}]
+    calls.clear()
+
+    def train_step(mode):
+        model.zero_grad()
+        torch.manual_seed(7)
+        with cpu_mode(mode):
+            out = model.train()(ids, labels=ids)
+            out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return out.logits.detach(), grads
+
+    got, got_grads = train_step("interpret")
+    assert [f for _, f in calls] == [{"dropout_p": 0.1}] * 2
+    want, want_grads = train_step("reference")
+    assert not torch.allclose(got, plain, **LOGITS_TOL)  # dropout was applied
+    torch.testing.assert_close(got, want, **LOGITS_TOL)
+    assert got_grads.keys() == want_grads.keys()
+    for name, want_grad in want_grads.items():
+        scale = want_grad.abs().max().item()
+        torch.testing.assert_close(
+            got_grads[name], want_grad, rtol=GRAD_RTOL, atol=GRAD_ATOL_OF_MAX * scale
+        )
 
 
 def test_position_ids_without_cache_plain_or_packed():

@@ -151,7 +151,7 @@ def test_split_attention_group_dk_dv_are_the_core_partials_added_in_core_order()
     assert plan.split_groups == 1
     heads = [[g for _, _, passes, _ in core for g, _, _ in passes] for core in plan.core_groups]
     assert heads == [[0], [1]]
-    dout, q, k, v, out, lse, causal, scale = args[:8]  # no window, softcap or sinks
+    dout, q, k, v, out, lse, causal, scale = args[:8]  # no window, softcap, sinks, mask, dropout
     part = []
     for h in range(2):
         one_head = (dout[:, h : h + 1], q[:, h : h + 1], k, v, out[:, h : h + 1])
