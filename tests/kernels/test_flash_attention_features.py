@@ -163,10 +163,14 @@ def _visible_tiles(s, left, tile_q, tile_k, align):
 def test_window_skips_masked_tiles_at_trace_time(softmax):
     """Causal window of 256 keys at Sq = Sk = 2048 (16 query tiles, trace-only): the tiles
     no row sees issue nothing. Two passes: P V once per visible 128-key chunk (45, counted
-    row by row), QK^T once on each masked edge chunk and twice on the chunk between them
-    (4 per query tile, 1 and 3 for the first two: 60). Online (key tiles of 512 from the
+    row by row); per query tile one 384-key span (its keys fit one 512-key tile) whose
+    QK^T runs once per pass, plus per pass one bias matmul per 128-key chunk an edge
+    crosses (fa.EdgeBias: the left edge and the diagonal, the diagonal only for the first
+    two tiles): 6 per query tile, 4 for the first two. Online (key tiles of 512 from the
     group's first visible chunk): at most the causal count times the visible fraction of
-    its keys (45 of 136 chunks) plus one 512-key tile's slack per query tile pair."""
+    its keys (45 of 136 chunks) plus one 512-key tile's slack per query tile pair and the
+    window's bias matmuls (one per 128-key chunk of a key tile that an edge crosses or
+    hides: at most 4 per query tile)."""
     counts = {}
     for left in (256, -1):
         problem = _fwd_problem(2048, 2048, True, left, 0, h=1, d=64)
@@ -176,9 +180,30 @@ def test_window_skips_masked_tiles_at_trace_time(softmax):
     chunks = _visible_tiles(2048, 256, 128, 128, 128)
     assert chunks == 45
     if softmax == "two_pass":
-        assert counts[256] == chunks + 14 * 4 + 1 + 3, counts
+        assert counts[256] == chunks + 14 * 6 + 4 + 4, counts
     else:
-        assert counts[256] <= counts[-1] * 45 / 136 + 8 * 4, counts
+        assert counts[256] <= counts[-1] * 45 / 136 + 8 * 4 + 16 * 4, counts
+
+
+@pytest.mark.parametrize("softmax", ["two_pass", "online"])
+def test_window_edges_are_masked_in_psum(softmax):
+    """A causal window's edges are a bias matmul in PSUM (fa.EdgeBias), not a GpSimd pass
+    per tile: at Sq = Sk = 2048 with a window of 256 (16 query tiles, each crossed by two
+    edges) the forward issues only the affine_selects that build the identity and the
+    bias tiles, one per distinct edge offset pair (2 here: the diagonal's, the left
+    edge's, each one select; online, whose 512-key tiles start on the K/V block, also
+    the all-masked one of chunks before the window), however long the sequence. With a
+    softcap the tanh would squash the bias, so its tiles are masked in SBUF per tile and
+    edge as before: 16 diagonals and 14 left edges (the first two tiles have none)."""
+    problem = _fwd_problem(2048, 2048, True, 256, 0, h=1, d=64)
+    args = FWD.make_inputs(problem, "bfloat16", torch.Generator())
+    kv_block = 512 if softmax == "online" else 8192
+    config = fa.FlashAttentionConfig(k_tile=512, softmax=softmax, kv_block=kv_block)
+    counts = _trace(FWD, args, config)
+    assert counts["nisa.affine_select"] == 1 + (2 if softmax == "two_pass" else 3), counts
+    capped = _fwd_problem(2048, 2048, True, 256, 0, softcap=30.0, h=1, d=64)
+    counts = _trace(FWD, FWD.make_inputs(capped, "bfloat16", torch.Generator()), config)
+    assert counts["nisa.affine_select"] == 16 + 14, counts
 
 
 def test_window_backward_skips_masked_pairs_at_trace_time():
