@@ -8,7 +8,8 @@ op declares them there, in its own module: this file needs no edit), else its en
 The shapes below are Llama-3 layer shapes (hidden size, attention heads, KV heads and MLP width from the model
 cards: 8B: 4096 / 32 / 8 / 14336; 70B: 8192 / 64 / 8 / 28672; head dim 128), one sequence
 of 2048 or 8192 tokens, bf16 activations. Matmul is ``tokens x out_features x in_features``
-(M x N x K); attention is causal, as a decoder's is; AdamW updates one layer's parameters
+(M x N x K); attention is causal, as a decoder's is (plus a sliding-window and a softcap
+point in those features' own shape buckets); AdamW updates one layer's parameters
 (fp32, torch.optim.AdamW's defaults).
 
 Each point's problem is the one the op computes from inputs of that shape
@@ -68,6 +69,22 @@ def _attention_shapes(syntax: str) -> list[tuple[str, str, str]]:
         else:
             shape = f"1x{heads}x{kv}x{seq}x{seq}x{HEAD_DIM}:causal"
         shapes.append((shape, BF16, f"{where}: causal self-attention"))
+    # The features' own buckets (issue 33's bars, on the 8B heads): a causal sliding
+    # window at 8192 tokens (Mistral's and Gemma's local layers), Gemma 2's softcap at 4096.
+    _, heads, kv, _ = LLAMA3["8b"]
+    lead = f"1x{kv}x{heads // kv}" if syntax == "bwd" else f"1x{heads}x{kv}"
+    shapes += [
+        (
+            f"{lead}x8192x8192x{HEAD_DIM}:causal:window=1024,0",
+            BF16,
+            "Llama-3 8B heads seq 8192: causal sliding window (1024, 0)",
+        ),
+        (
+            f"{lead}x4096x4096x{HEAD_DIM}:causal:softcap=50",
+            BF16,
+            "Llama-3 8B heads seq 4096: causal with Gemma 2's logit softcap 50",
+        ),
+    ]
     return shapes
 
 

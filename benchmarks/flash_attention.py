@@ -14,8 +14,12 @@ With ``--window``, ``--softcap``, ``--sinks``, ``--padding-mask`` (a bool ``[B, 
 mask, the last eighth of the keys padding) or ``--dropout P`` it runs causal attention
 twice, without and with those features, and prints the forward+backward latency of each
 and their ratio (modeled, per logical core at the LNC given; at ``--lnc 1``, one physical
-core). The issue's bars: a causal window (1024, 0) at S=8192 costs at most
-1.25 x 2 x 1024 / 8192 of full causal; softcap and sinks add at most 10% at S=4096.
+core). Each side runs the configs the ops would run at the full shape: their tuned
+entries in ``perf_results/trn2`` where the shape's bucket has one (the features have their
+own buckets: ``:window=L,R``, ``:softcap=X``, ``:sinks`` in the shape syntax), else the
+defaults; the masks and dropout, which have no shape syntax, take the causal ones. The
+issue's bars: a causal window (1024, 0) at S=8192 costs at most 1.25 x 2 x 1024 / 8192 of
+full causal; softcap and sinks add at most 10% at S=4096.
 
 Head subsampling: the kernels loop over (batch, KV head) groups that share nothing but
 the core, so one KV group (Hkv=1 with its H/Hkv query heads: the full GQA reuse of K/V)
@@ -37,6 +41,8 @@ import time
 
 import torch
 
+from neuron_kernels.autotune import results
+from neuron_kernels.autotune.objective import make_point
 from neuron_kernels.cost_model.profiler import Profiler
 from neuron_kernels.hardware import launch_lnc
 from neuron_kernels.kernels import REGISTRY
@@ -59,13 +65,23 @@ def _attention_flops(h, s, d, causal, backward):
     return per_matmul * (5 if backward else 2)
 
 
-def _profile(op, args, lnc=1, **kw):
+def _profile(op, args, lnc=1, config=None, **kw):
     spec = REGISTRY[op]
     profiler = Profiler("trn2", compute=False)
     profiler.lnc = lnc  # the LNC the op's run_kernels launches at (spec.runner_lnc)
     t0 = time.perf_counter()
-    outs = spec.run_kernels(*args, config=spec.config.default(), runner=profiler, **kw)
+    config = config or spec.config.default()
+    outs = spec.run_kernels(*args, config=config, runner=profiler, **kw)
     return profiler.report(), outs, time.perf_counter() - t0
+
+
+def _op_config(op, shape, lnc):
+    """The config the op itself runs for the full launch's ``shape`` (its syntax, bf16) at
+    ``lnc``: its tuned entry (shipped or the user's), else the default; and where from."""
+    spec = REGISTRY[op]
+    point = make_point(spec, shape, "bfloat16", lnc)
+    choice = results.lookup(spec, point.problem, "bfloat16", "trn2", lnc=lnc)
+    return choice.config, choice.source
 
 
 def _describe(name, report, scale, flops, peak):
@@ -169,13 +185,42 @@ def main(argv=None) -> None:
         print(f"  (trace + model wall time: forward {wall_f:.0f} s, backward {wall_b:.0f} s)")
 
 
-def _fwd_bwd_latency(q, k, v, lnc, scale, features):
+def _fwd_bwd_latency(q, k, v, lnc, scale, features, configs=(None, None)):
     """Modeled forward and backward latency (ns, scaled to the launch) of causal attention
-    with ``features`` = (window, softcap, sinks[, attn_mask, dropout_p, dropout_seed])."""
-    fwd, (out, lse), _ = _profile(FWD, (q, k, v, True, None, *features), lnc)
+    with ``features`` = (window, softcap, sinks[, attn_mask, dropout_p, dropout_seed]),
+    under ``configs`` (forward's, backward's; None: the default)."""
+    fwd, (out, lse), _ = _profile(FWD, (q, k, v, True, None, *features), lnc, configs[0])
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
-    bwd, _, _ = _profile(BWD, (dout, q, k, v, out, lse, True, None, *features), lnc)
+    bwd, _, _ = _profile(BWD, (dout, q, k, v, out, lse, True, None, *features), lnc, configs[1])
     return fwd.latency_ns * scale, bwd.latency_ns * scale
+
+
+def _feature_configs(args, window, lnc):
+    """The forward's and backward's configs the ops run at the full shape, without and
+    with the features that have shape syntax (window, softcap, sinks): their tuned
+    entries where the shape's bucket has one (``perf_results/trn2``), else the defaults.
+    Printed with where each came from."""
+    b, h, hkv, s, d = args.batch, args.heads, args.kv_heads, args.seq, args.head_dim
+    tail = ""
+    if window is not None:
+        tail += f":window={window[0]},{window[1]}"
+    if args.softcap:
+        tail += f":softcap={args.softcap}"
+    if args.sinks:
+        tail += ":sinks"
+    shapes = {
+        FWD: f"{b}x{h}x{hkv}x{s}x{s}x{d}:causal",
+        BWD: f"{b}x{hkv}x{h // hkv}x{s}x{s}x{d}:causal",
+    }
+    out = []
+    for suffix in ("", tail):
+        pair = []
+        for op in (FWD, BWD):
+            config, source = _op_config(op, shapes[op] + suffix, lnc)
+            print(f"  config of {op} at {shapes[op] + suffix}: {source}")
+            pair.append(config)
+        out.append(tuple(pair))
+    return out
 
 
 def _compare_features(args, q, k, v, lnc, scale):
@@ -200,8 +245,9 @@ def _compare_features(args, q, k, v, lnc, scale):
     named += [f"dropout_p={args.dropout}"] if args.dropout else []
     unit = "one physical core" if lnc == 1 else f"one logical core ({lnc} physical)"
     print(f"modeled, per {unit} at LNC={lnc}: causal vs causal + {', '.join(named)}")
-    base = _fwd_bwd_latency(q, k, v, lnc, scale, (None, 0.0, None))
-    feat = _fwd_bwd_latency(q, k, v, lnc, scale, features)
+    base_configs, feat_configs = _feature_configs(args, window, lnc)
+    base = _fwd_bwd_latency(q, k, v, lnc, scale, (None, 0.0, None), base_configs)
+    feat = _fwd_bwd_latency(q, k, v, lnc, scale, features, feat_configs)
     for name, a, b in (
         ("forward", base[0], feat[0]),
         ("backward", base[1], feat[1]),

@@ -120,6 +120,7 @@ from neuron_kernels.kernels.spec import (
     dtype_name,
     register,
     runner_lnc,
+    shape_parser,
     tunable,
 )
 from neuron_kernels.kernels.tiling import split_work, tiled
@@ -2871,6 +2872,46 @@ def feature_suffix(problem: dict) -> str:
     return out
 
 
+def feature_shape_parser(op: str, dims: tuple) -> object:
+    """The attention ops' ``parse_shape``: ``dims`` as ``x``-separated sizes, then
+    ``:causal`` and the features, ``:window=LEFT,RIGHT`` (-1 unbounded), ``:softcap=X``
+    (> 0) and ``:sinks``, in any order. So the tuner and ``profile`` reach the shape
+    buckets of windowed, capped and sink problems (:func:`feature_suffix`)."""
+    base = shape_parser(op, dims, ("causal",))
+
+    def parse_shape(text: str) -> dict:
+        sizes, *named = str(text).lower().split(":")
+        plain, features = [], {}
+        for token in named:
+            name, eq, value = token.strip().partition("=")
+            if name == "window" and eq:
+                sides = value.split(",")
+                ok = len(sides) == 2 and all(x.strip().lstrip("-").isdigit() for x in sides)
+                if not ok or min(int(x) for x in sides) < -1:
+                    raise LimitError(
+                        op, "shape flag", "window must be LEFT,RIGHT, ints >= -1", token
+                    )
+                features["window_left"], features["window_right"] = (int(x) for x in sides)
+            elif name == "softcap" and eq:
+                try:
+                    cap = float(value)
+                except ValueError:
+                    cap = -1.0
+                if not (cap > 0 and math.isfinite(cap)):
+                    raise LimitError(op, "shape flag", "softcap must be a finite float > 0", token)
+                features["softcap"] = cap
+            elif name == "sinks" and not eq:
+                features["sinks"] = True
+            else:
+                plain.append(token)
+        problem = base(":".join([sizes, *plain]))
+        problem.update(features)
+        return problem
+
+    parse_shape.syntax = base.syntax + "[:window=L,R][:softcap=X][:sinks]"
+    return parse_shape
+
+
 def shape_bucket(problem: dict) -> str:
     """Sizes rounded up to powers of two (Sq, Sk at least 128), exact H, Hkv and D (they
     fix the kernel's loops), causal, then :func:`feature_suffix`; the scale does not change
@@ -3092,6 +3133,7 @@ _TEST_PROBLEMS = {
 _BUDGET_HINTS = {"sbuf": "lower kv_block (K/V rows held in SBUF) or k_tile"}
 
 FWD_OP = "flash_attention_fwd"
+SHAPE_DIMS = ("b", "h", "hkv", "sq", "sk", "d")  # the shape syntax BxHxHKVxSQxSKxD
 
 FWD_SPEC = register(
     OpSpec(
@@ -3105,6 +3147,7 @@ FWD_SPEC = register(
         tolerances=_TOLERANCES,
         make_inputs=make_inputs,
         test_problems=_TEST_PROBLEMS,
+        parse_shape=feature_shape_parser(FWD_OP, SHAPE_DIMS),
         shape_bucket=shape_bucket,
         model_slice=kv_group_slice,
         kernels=(flash_attention_fwd_kernel,),
@@ -3127,6 +3170,7 @@ SPEC = register(
         tolerances=_TOLERANCES,
         make_inputs=make_inputs,
         test_problems=_TEST_PROBLEMS,
+        parse_shape=feature_shape_parser(OP, SHAPE_DIMS),
         shape_bucket=shape_bucket,
         model_slice=kv_group_slice,
         kernels=(flash_attention_fwd_kernel,),

@@ -77,6 +77,7 @@ from neuron_kernels.kernels.flash_attention import (
     draw_mask_dropout,
     dropout_keep,
     dropout_stage,
+    feature_shape_parser,
     feature_suffix,
     for_group,
     kernel_mask,
@@ -1619,6 +1620,7 @@ SPEC = register(
             ),
         },
         make_inputs=make_inputs,
+        parse_shape=feature_shape_parser(OP, ("b", "hkv", "groups", "sq", "sk", "d")),
         test_problems={
             "ranges": {
                 "b": (1, 2),

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from neuron_kernels.autotune.objective import make_point
 from neuron_kernels.autotune.shapes import SHAPES, points_for
 from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels import REGISTRY
@@ -70,7 +71,24 @@ def test_an_unknown_flag_names_it_and_the_ones_allowed():
         parse("2x128x4:causal")
 
 
-def test_the_default_parser_takes_the_probe_booleans_as_flags():
+def test_the_attention_parser_takes_causal_and_the_features():
+    """The attention ops' shape syntax (flash_attention.feature_shape_parser): causal as a
+    flag, then window=L,R / softcap=X / sinks, which put a point in its features' own
+    shape bucket (so the tuner can ship configs for windowed and capped calls)."""
     spec = REGISTRY["flash_attention_fwd"]
     assert spec.parse_shape("1x4x2x256x256x64:causal")["causal"] is True
     assert spec.parse_shape("1x4x2x256x256x64")["causal"] is False
+    parsed = spec.parse_shape("1x4x2x256x256x64:causal:window=64,0:softcap=30:sinks")
+    assert parsed["window_left"] == 64 and parsed["window_right"] == 0
+    assert parsed["softcap"] == 30.0 and parsed["sinks"] is True
+    plain = make_point(spec, "1x4x2x256x256x64:causal", "bfloat16").problem
+    windowed = make_point(spec, "1x4x2x256x256x64:causal:window=64,0", "bfloat16").problem
+    assert spec.shape_bucket(windowed) == spec.shape_bucket(plain) + "_wl64_wr0"
+
+
+@pytest.mark.parametrize(
+    "shape", ["1x4x2x256x256x64:window=-2,0", "1x4x2x256x256x64:window=64", "1x4x2x8x8x8:softcap=0"]
+)
+def test_a_bad_attention_feature_names_the_shape_flag(shape):
+    with pytest.raises(LimitError, match="shape flag"):
+        REGISTRY["flash_attention"].parse_shape(shape)
