@@ -269,7 +269,7 @@ class _OutputRecorder:
     """A trace-only interpreter runner that keeps each launch's outputs' (shape, dtype)."""
 
     def __init__(self, target) -> None:
-        from neuron_kernels.testing import InterpreterRunner
+        from neuron_kernels.verification import InterpreterRunner
 
         self.inner = InterpreterRunner(target, compute=False)
         self.target = self.inner.target
@@ -546,7 +546,7 @@ class HardwareBackend:
         op), computed once per point in this process."""
         import torch
 
-        from neuron_kernels.testing import copy_args
+        from neuron_kernels.verification import copy_args
 
         key = (spec.name, tuple(sorted(problem.items())), dtype)
         if key not in self._references:
@@ -561,8 +561,8 @@ class HardwareBackend:
     def run_op(self, spec, inputs, config, launches, trial_dir: Path, deadline: float):
         """``spec.run_kernels`` on copies of ``inputs`` through a :class:`NeffRunner`;
         returns (outputs, the runner, the copies it ran on)."""
-        from neuron_kernels.autotune.results import kernel_hash
-        from neuron_kernels.testing import copy_args
+        from neuron_kernels.tuned_configs import kernel_hash
+        from neuron_kernels.verification import copy_args
 
         runner = NeffRunner(
             self,
@@ -576,7 +576,7 @@ class HardwareBackend:
         return spec.run_kernels(*ran, config=config, runner=runner), runner, ran
 
     def measure(self, spec, problem: dict, dtype: str, config) -> Measurement:
-        from neuron_kernels.testing import assert_within_tolerance
+        from neuron_kernels.verification import assert_within_tolerance
 
         deadline = time.monotonic() + self.trial_deadline_s
         modeled = self._floor.measure(spec, problem, dtype, config)

@@ -73,7 +73,7 @@ def gate_reason(
     """
     import torch
 
-    from neuron_kernels.testing import (
+    from neuron_kernels.verification import (
         InterpreterRunner,
         assert_within_tolerance,
         copy_args,

@@ -14,7 +14,7 @@ from what won next door instead of from scratch.
 (Optuna's distributed mode: each worker asks the storage for trials); a trial budget counts
 the trials of every worker. The best config per point is merged into
 ``<results folder>/<target>/<op>.json`` (the user's folder unless told otherwise;
-:mod:`neuron_kernels.autotune.results`): the faster of it and the stored entry for the same
+:mod:`neuron_kernels.tuned_configs`): the faster of it and the stored entry for the same
 key stays, unless ``replace``.
 """
 
@@ -33,8 +33,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from neuron_kernels import tuned_configs
 from neuron_kernels._version import COST_MODEL_VERSION
-from neuron_kernels.autotune import results
 from neuron_kernels.autotune.backends import make_backend
 from neuron_kernels.autotune.objective import GateFailure, Objective, Point, gate_reason, params_key
 from neuron_kernels.autotune.storage import open_storage
@@ -99,7 +99,7 @@ def make_sampler(name: str, space: dict[str, tuple], seed: int | None, trials: i
 
 def study_name(spec, point: Point, target: str, backend: str) -> str:
     version = f"model{COST_MODEL_VERSION}" if backend == "model" else "hw"
-    digest = results.kernel_hash(spec).removeprefix("sha256:")[:12]
+    digest = tuned_configs.kernel_hash(spec).removeprefix("sha256:")[:12]
     lnc = f"/lnc{point.lnc}" if point.lnc != 1 else ""
     return f"{spec.name}/{point.shape}/{point.dtype}{lnc}/{target}/{backend}/{version}/{digest}"
 
@@ -128,21 +128,21 @@ def warm_start_configs(
     """
     if limit <= 0:
         return []
-    roots = [root] if root is not None else [folder for _, folder in results.layer_roots()]
+    roots = [root] if root is not None else [folder for _, folder in tuned_configs.layer_roots()]
     entries = []
     for folder in roots:
-        path = results.results_path(spec.name, target, folder)
+        path = tuned_configs.results_path(spec.name, target, folder)
         try:
-            entries += results.load_entries(path, spec.name, target) if path.exists() else []
+            entries += tuned_configs.load_entries(path, spec.name, target) if path.exists() else []
         except (OSError, ValueError):
             continue
     here = spec.shape_bucket(point.problem)
-    current = results.kernel_hash(spec)
+    current = tuned_configs.kernel_hash(spec)
 
     def rank(e: dict) -> tuple:
         same = e["shape_bucket"] == here
         distance = 0.0 if same else _shape_distance(point.shape, e.get("shape", ""))
-        other_lnc = results.entry_lnc(e) != point.lnc
+        other_lnc = tuned_configs.entry_lnc(e) != point.lnc
         return (not same, distance, other_lnc, e["kernel_hash"] != current, e.get("shape", ""))
 
     seen = {params_key(spec.config.default().to_dict())}
@@ -222,7 +222,7 @@ class PointResult:
     orphaned: int  # trials failed by the heartbeat (a dead worker)
     repeats: int = 0  # trials that proposed a measured config again (answered, not measured)
     written: Path | None = None
-    merge: results.Merge | None = None  # which entry the results file kept, and why
+    merge: tuned_configs.Merge | None = None  # which entry the results file kept, and why
     extra: dict = field(default_factory=dict)
 
     @property
@@ -387,7 +387,7 @@ def tune(
     ``warm_start`` enqueues, after the default, up to a quarter of the budget of configs
     tuned at the op's nearest other shapes (read from ``results_root``, else from the
     user's and the shipped results). ``replace`` stores this run's best even when the stored
-    entry for the same key is faster (:func:`results.merge_entry`).
+    entry for the same key is faster (:func:`tuned_configs.merge_entry`).
 
     ``backend`` is ``"model"``, ``"hardware"`` or an object with ``name``, ``source`` and
     ``measure(spec, problem, dtype, config)`` (tests pass synthetic ones; ``jobs`` 1 then).
@@ -473,7 +473,7 @@ def tune(
             bar.close()
         result = summarize(spec, study, point, source)
         if write and result.best_config is not None:
-            result.merge = results.merge_entry(
+            result.merge = tuned_configs.merge_entry(
                 spec, _entry(spec, result, backend_label), target, results_root, replace
             )
             result.written = result.merge.path
@@ -497,7 +497,7 @@ def _entry(spec, r: PointResult, backend: str) -> dict:
         "dtype": r.point.dtype,
         "lnc": r.point.lnc,
         "shape": r.point.shape,
-        "kernel_hash": results.kernel_hash(spec),
+        "kernel_hash": tuned_configs.kernel_hash(spec),
         "model_version": COST_MODEL_VERSION if r.source == "modeled" else None,
         "source": r.source,
         "backend": backend,

@@ -18,19 +18,19 @@ __all__ = ["render_table", "write_table"]
 
 
 def _rows(folder: Path, target: str) -> list[dict]:
-    from neuron_kernels.autotune import results
+    from neuron_kernels import tuned_configs
 
     rows = []
     for path in sorted(folder.glob("*.json")):
         op = path.stem
-        for e in results.load_entries(path, op, target):
+        for e in tuned_configs.load_entries(path, op, target):
             m = e.get("metric", {})
             rows.append({"op": op, **e, **{f"m_{k}": v for k, v in m.items()}})
     return rows
 
 
 def render_table(folder: Path, target: str) -> str:
-    from neuron_kernels.autotune import results
+    from neuron_kernels import tuned_configs
 
     rows = _rows(folder, target)
     lines = [
@@ -56,7 +56,7 @@ def render_table(folder: Path, target: str) -> str:
         floor = r.get("m_floor_us")
         speedup = f"{default / best:.2f}x" if best and default else "-"
         frac = f"{100 * floor / best:.1f}%" if best and floor else "-"
-        lnc = results.entry_lnc(r)
+        lnc = tuned_configs.entry_lnc(r)
         copies = r.get("m_copies", 1)
         source = f"{r['source']} (slice x{copies})" if copies > 1 else r["source"]
         lines.append(

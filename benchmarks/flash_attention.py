@@ -41,7 +41,7 @@ import time
 
 import torch
 
-from neuron_kernels.autotune import results
+from neuron_kernels import tuned_configs
 from neuron_kernels.autotune.objective import make_point
 from neuron_kernels.cost_model.profiler import Profiler
 from neuron_kernels.hardware import launch_lnc
@@ -80,7 +80,7 @@ def _op_config(op, shape, lnc):
     ``lnc``: its tuned entry (shipped or the user's), else the default; and where from."""
     spec = REGISTRY[op]
     point = make_point(spec, shape, "bfloat16", lnc)
-    choice = results.lookup(spec, point.problem, "bfloat16", "trn2", lnc=lnc)
+    choice = tuned_configs.lookup(spec, point.problem, "bfloat16", "trn2", lnc=lnc)
     return choice.config, choice.source
 
 

@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 
-from neuron_kernels.autotune import results
+from neuron_kernels import tuned_configs
 from neuron_kernels.autotune.backends import ModelBackend
 from neuron_kernels.autotune.shapes import points_for
 from neuron_kernels.hardware import launch_lnc
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     for shape, problem, dt in points:
         dt = dtype_name(DTYPE_ALIASES.get(dt, dt))
         rows = [("default", spec.config.default())]
-        tuned = results.lookup(spec, problem, dt, args.target, lnc=lnc)
+        tuned = tuned_configs.lookup(spec, problem, dt, args.target, lnc=lnc)
         if tuned.source != "default":
             rows.append((tuned.source, tuned.config))
         if args.config:

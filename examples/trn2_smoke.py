@@ -44,9 +44,9 @@ import neuron_kernels  # noqa: F401  (registers torch.ops.neuron.*)
 from neuron_kernels.hardware import default_target, launch_lnc
 from neuron_kernels.kernels import REGISTRY
 from neuron_kernels.kernels.spec import FunctionRunner
-from neuron_kernels.testing import copy_args
 from neuron_kernels.torch_ops import cpu_mode, neuron_device, routing
 from neuron_kernels.torch_ops.optim import FusedAdamW
+from neuron_kernels.verification import copy_args
 
 # Small problems: quick on the interpreter, still several tiles and the GQA/causal paths.
 PROBLEMS = {
@@ -191,7 +191,7 @@ def _adamw_check(dtype: str, device: str, step):
 
 def check_hardware_tuning(nrtpy_python: str | None, shape: str, workdir: Path) -> tuple[bool, str]:
     """One hardware trial of matmul at ``shape`` (bf16); (passed, what happened)."""
-    from neuron_kernels.autotune import results
+    from neuron_kernels import tuned_configs
     from neuron_kernels.autotune.backends import BackendUnavailable
     from neuron_kernels.autotune.neff_backend import HardwareBackend
     from neuron_kernels.autotune.objective import make_point
@@ -217,7 +217,7 @@ def check_hardware_tuning(nrtpy_python: str | None, shape: str, workdir: Path) -
     )
     if found.best_us is None:
         return False, f"the trial did not complete ({found.failed} failed, {found.pruned} pruned)"
-    choice = results.lookup(spec, point.problem, "bfloat16", "trn2", root, lnc=backend.lnc)
+    choice = tuned_configs.lookup(spec, point.problem, "bfloat16", "trn2", root, lnc=backend.lnc)
     if choice.source != "hardware":
         return False, f"the op's lookup returned a {choice.source} config, not the hardware entry"
     hw = choice.entry.get("hardware", {})

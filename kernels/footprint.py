@@ -11,7 +11,7 @@ in one :class:`LimitError` line before any work; ``neuron-kernels`` reads the sa
 The instruction counts below are estimates from each op's tile plan shape (tiles of 128
 partitions by the op's free-size block, times instructions per tile read off the
 interpreter's trace at small problems); they live here, not in the kernel modules, so the
-kernels' hashes (``autotune/results.kernel_hash``) do not depend on them.
+kernels' hashes (``tuned_configs.kernel_hash``) do not depend on them.
 """
 
 from __future__ import annotations

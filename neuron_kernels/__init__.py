@@ -1,13 +1,15 @@
 """neuron-kernels: hand-written NKI kernels for AWS Trainium.
 
 ``import neuron_kernels`` registers every op as ``torch.ops.neuron.<op>`` (through
-:mod:`neuron_kernels.torch_ops`). Kernels get NKI from :mod:`neuron_kernels.backend`; the
-cost model and the CLIs are loaded only by what uses them.
+:mod:`neuron_kernels.torch_ops`, :func:`register_ops`). Kernels get NKI from
+:mod:`neuron_kernels.backend`; the cost model, the tuner and the CLIs are loaded only by
+what uses them.
 
-A ``NEURON_KERNELS_NKI`` the backend cannot honour is an ``ImportError`` here, except when
-this import is the ``neuron-kernels`` command starting: the command must still run (so
-``doctor`` can report it, and every other subcommand refuses in one line), so the error is
-kept in :data:`BACKEND_ERROR` and the ops are not registered.
+The ``neuron-kernels`` command starts without the ops: ``--version`` and ``--help`` load
+neither torch nor a kernel, and a subcommand registers them (:func:`register_ops`) once its
+command line parsed. A ``NEURON_KERNELS_NKI`` the backend cannot honour is then kept in
+:data:`BACKEND_ERROR` instead of raised (``doctor`` reports it, every other subcommand
+refuses in one line); for any other import it is an ``ImportError`` here.
 """
 
 import os as _os
@@ -16,7 +18,7 @@ import sys as _sys
 from neuron_kernels._version import __version__
 from neuron_kernels.errors import LimitError
 
-__all__ = ["BACKEND_ERROR", "LimitError", "__version__"]
+__all__ = ["BACKEND_ERROR", "LimitError", "__version__", "register_ops"]
 
 BACKEND_ERROR = None  # the backend's ImportError when the CLI started without the ops
 
@@ -31,10 +33,22 @@ def _starting_the_cli() -> bool:
     return False
 
 
-try:
-    from neuron_kernels import torch_ops  # noqa: E402,F401  (registers torch.ops.neuron.*)
-except ImportError as _exc:
-    # neuron_kernels.backend.BackendError (that module cannot be imported again to name it)
-    if not (getattr(_exc, "setting", None) == "NEURON_KERNELS_NKI" and _starting_the_cli()):
-        raise
-    BACKEND_ERROR = _exc
+def register_ops() -> None:
+    """Register every op as ``torch.ops.neuron.<op>`` (imports torch and the kernels; once).
+
+    Raises:
+        ImportError: the NKI backend cannot be used, unless this process is the
+            ``neuron-kernels`` command, which keeps it in :data:`BACKEND_ERROR`.
+    """
+    global BACKEND_ERROR
+    try:
+        from neuron_kernels import torch_ops  # noqa: F401  (registers torch.ops.neuron.*)
+    except ImportError as exc:
+        # neuron_kernels.backend.BackendError (that module cannot be imported again to name it)
+        if not (getattr(exc, "setting", None) == "NEURON_KERNELS_NKI" and _starting_the_cli()):
+            raise
+        BACKEND_ERROR = exc
+
+
+if not _starting_the_cli():
+    register_ops()

@@ -20,8 +20,7 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[1]
 STAND_IN = Path(__file__).parent / "stand_in_nki"
 
-# unit -> the units it may import. A unit is a module of the root package or a subpackage;
-# "autotune.results" (read by the ops at run time) is its own unit, below the tuner.
+# unit -> the units it may import. A unit is a module of the root package or a subpackage.
 BOTTOM = {"_version", "errors"}
 ALLOWED = {
     "_version": set(),
@@ -32,12 +31,12 @@ ALLOWED = {
     "cost_model": BOTTOM | {"hardware", "interpreter"},
     "backend": {"interpreter"},
     "kernels": BOTTOM | {"hardware", "backend"},
-    "autotune.results": BOTTOM | {"fingerprint", "kernels"},
-    "testing": BOTTOM | {"hardware", "interpreter", "kernels"},
-    "torch_ops": BOTTOM | {"hardware", "kernels", "backend", "autotune.results", "testing"},
+    "tuned_configs": BOTTOM | {"fingerprint", "kernels"},
+    "verification": BOTTOM | {"hardware", "interpreter", "kernels"},
+    "torch_ops": BOTTOM | {"hardware", "kernels", "backend", "tuned_configs"},
     "autotune": BOTTOM
-    | {"hardware", "fingerprint", "interpreter", "cost_model", "kernels", "testing"}
-    | {"autotune.results", "torch_ops"},
+    | {"hardware", "fingerprint", "interpreter", "cost_model", "kernels", "verification"}
+    | {"tuned_configs", "torch_ops"},
     "perf_results": BOTTOM | {"hardware", "backend"},
     "cli": set(),  # the top: anything
     # other libraries' models on the ops (neuron_kernels.integrations.transformers)
@@ -46,6 +45,7 @@ ALLOWED = {
 }
 NOT_ON_THE_OPS_PATH = (
     "neuron_kernels.cost_model",
+    "neuron_kernels.autotune",  # (the ops read tuned configs from neuron_kernels.tuned_configs)
     "neuron_kernels.cli",
     "neuron_kernels.integrations",
     "optuna",
@@ -63,8 +63,6 @@ def _unit(module: str) -> str:
     parts = module.split(".")[1:]  # drop "neuron_kernels"
     if not parts:
         return ""
-    if parts[:2] == ["autotune", "results"]:
-        return "autotune.results"
     return parts[0]
 
 
@@ -151,3 +149,32 @@ def test_importing_the_package_registers_the_ops_and_nothing_above_them():
 def test_the_interpreter_loads_no_cost_model():
     loaded = _loaded_after("import neuron_kernels.interpreter", False)
     assert not [m for m in loaded if m.startswith(NOT_ON_THE_OPS_PATH)]
+
+
+def _imported_by_the_command(*argv: str) -> list[str]:
+    """Every module ``python -m neuron_kernels.cli *argv`` imports (``-X importtime``)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NEURON_KERNELS_NKI")}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "neuron_kernels.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
+    return [line.rsplit("|", 1)[1].strip() for line in lines[1:]]  # (the first is the header)
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_the_command_lists_and_versions_without_loading_the_ops(flag):
+    """``neuron-kernels --version`` / ``--help`` start in tens of milliseconds: they import
+    neither torch nor a kernel, the interpreter, the cost model or the tuner (the package
+    root defers the ops' registration to a subcommand: neuron_kernels.register_ops)."""
+    loaded = _imported_by_the_command(flag)
+    assert "neuron_kernels.cli" in loaded
+    heavy = ("torch", "optuna", "numpy", "neuron_kernels.kernels", "neuron_kernels.interpreter")
+    heavy += ("neuron_kernels.cost_model", "neuron_kernels.autotune", "neuron_kernels.torch_ops")
+    assert not [m for m in loaded if m.startswith(heavy)], [
+        m for m in loaded if m.startswith(heavy)
+    ]

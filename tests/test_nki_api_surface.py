@@ -359,7 +359,7 @@ def test_scanner_ignores_paths_outside_nki():
     """Other modules' attributes (even one named ``nki`` elsewhere) are not NKI's, and a
     self-referencing alias does not loop."""
     source = (
-        "import os\nfrom neuron_kernels import testing\nimport importlib\n"
+        "import os\nfrom neuron_kernels import verification\nimport importlib\n"
         "os.path.join('a')\ntesting.nki\nimportlib.import_module('torch').no_such\n"
         "p = os.path\np = p.parent\n"
     )

@@ -54,7 +54,7 @@ NODE_SCRIPT = textwrap.dedent(
     import nki
     from neuron_kernels import backend
     from neuron_kernels.kernels import matmul
-    from neuron_kernels.testing import run_kernel
+    from neuron_kernels.verification import run_kernel
     from neuron_kernels.cli import calibration
 
     assert backend.name == "nki" and matmul.nl is nki.language, (backend.name, matmul.nl)

@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import os
 
-from neuron_kernels.autotune import results
+from neuron_kernels import tuned_configs
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import default_target, launch_lnc, target_from_name
 from neuron_kernels.kernels.spec import FunctionRunner, dtype_name
@@ -102,13 +102,13 @@ def cpu_runner() -> FunctionRunner:
     )
 
 
-def select_config(spec, args, target, lnc: int = 1) -> results.ConfigChoice:
+def select_config(spec, args, target, lnc: int = 1) -> tuned_configs.ConfigChoice:
     """The tuned config for this call's problem, dtype, target and launch LNC, else the
     default (the dtype is the first argument's, or its first tensor's for a tensor-list
     argument)."""
     first = args[0]
     if isinstance(first, (list, tuple)) and first:
         first = first[0]
-    return results.lookup(
+    return tuned_configs.lookup(
         spec, spec.problem(*args), dtype_name(first), target_from_name(target).name, lnc=lnc
     )

@@ -126,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = _attach_negative_values(sys.argv[1:] if argv is None else list(argv))
     command = next((a for a in argv if not a.startswith("-")), None)
     prog = f"neuron-kernels {command}"
+    if command in SUBCOMMANDS:  # (--version and --help end in the parser: no ops needed)
+        import neuron_kernels
+
+        neuron_kernels.register_ops()
     refused = _backend_refusal(command)
     if refused:
         print(f"{prog}: error: {refused}", file=sys.stderr)

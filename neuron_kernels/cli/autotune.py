@@ -171,19 +171,19 @@ def _writable_folder(setting: str, path, create: str):
 
 def results_folder(args):
     """Where this run merges its results, or None for the default user folder (checked)."""
-    from neuron_kernels.autotune import results
+    from neuron_kernels import tuned_configs
 
     if args.write_shipped and args.results is not None:
         raise UsageError("--write-shipped", "", "and --results name two folders; give one")
     if args.write_shipped:
-        return _writable_folder("--write-shipped", results.shipped_dir(), create="none")
+        return _writable_folder("--write-shipped", tuned_configs.shipped_dir(), create="none")
     if args.results is not None:
         return _writable_folder("--results", args.results, create="leaf")
-    env = os.environ.get(results.PERF_RESULTS_ENV)
-    if env:  # named by the user: checked here, before results.user_dir() would warn about it
-        _writable_folder(results.PERF_RESULTS_ENV, env, create="chain")
+    env = os.environ.get(tuned_configs.PERF_RESULTS_ENV)
+    if env:  # named by the user: checked here, before tuned_configs.user_dir() would warn about it
+        _writable_folder(tuned_configs.PERF_RESULTS_ENV, env, create="chain")
     else:
-        _writable_folder("the user results folder", results.user_dir(), create="chain")
+        _writable_folder("the user results folder", tuned_configs.user_dir(), create="chain")
     return None
 
 
@@ -268,11 +268,11 @@ def main(args) -> int:
         return 0
     target = read_target(args.target)
     if args.table:
-        from neuron_kernels.autotune import results
+        from neuron_kernels import tuned_configs
         from neuron_kernels.autotune.table import write_table
 
         root = (
-            results.shipped_dir()  # the table documents the shipped configs
+            tuned_configs.shipped_dir()  # the table documents the shipped configs
             if args.results is None
             else _writable_folder("--results", args.results, create="none")
         )

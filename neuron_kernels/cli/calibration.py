@@ -35,7 +35,7 @@ from neuron_kernels.fingerprint import code_fingerprint
 from neuron_kernels.hardware import target_from_name
 from neuron_kernels.interpreter import run
 from neuron_kernels.interpreter.rebind import unwrap_kernel
-from neuron_kernels.testing import InterpreterRunner
+from neuron_kernels.verification import InterpreterRunner
 
 __all__ = [
     "load_published",
@@ -676,7 +676,7 @@ def measure_on_hardware(
     from neuron_kernels.autotune.neff_backend import NeffRunner
     from neuron_kernels.kernels.spec import get_spec
     from neuron_kernels.perf_results.calibration import tutorial_matmul
-    from neuron_kernels.testing import assert_within_tolerance
+    from neuron_kernels.verification import assert_within_tolerance
 
     published = load_published()
     at = dict(shape or published["shape"])

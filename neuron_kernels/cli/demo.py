@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from neuron_kernels.cli._inputs import LNC_HELP
-from neuron_kernels.testing import copy_args
+from neuron_kernels.verification import copy_args
 
 __all__ = ["SIZES", "TOLERANCE_SCALE", "DemoRun", "add_arguments", "main", "run_checks"]
 

@@ -168,19 +168,21 @@ def _hardware_tuning(problems: list[str]) -> dict:
 def _perf_results(spec, target: str, problems: list[str]) -> dict:
     """The op's entries in the user's and the shipped results folders: each one fresh (tuned
     on this kernel and cost model) and usable (its config passes the op's check), or not."""
+    from neuron_kernels import tuned_configs
     from neuron_kernels._version import COST_MODEL_VERSION
-    from neuron_kernels.autotune import results
 
     info = {"files": [], "entries": []}
-    current = _guard(problems, f"kernel hash of {spec.name}", lambda: results.kernel_hash(spec))
+    current = _guard(
+        problems, f"kernel hash of {spec.name}", lambda: tuned_configs.kernel_hash(spec)
+    )
     total = 0
-    for layer, root in results.layer_roots():
-        path = results.results_path(spec.name, target, root)
+    for layer, root in tuned_configs.layer_roots():
+        path = tuned_configs.results_path(spec.name, target, root)
         if not path.is_file():
             continue
         info["files"].append({"layer": layer, "file": str(path)})
         try:
-            entries = results.load_entries(path, spec.name, target)
+            entries = tuned_configs.load_entries(path, spec.name, target)
         except (OSError, ValueError) as exc:
             problems.append(f"{path} is unreadable ({exc}); {spec.name} ignores it")
             continue
@@ -206,7 +208,7 @@ def _perf_results(spec, target: str, problems: list[str]) -> dict:
                 }
             )
     usable = [e for e in info["entries"] if e["usable"]]
-    by_source = {s: sum(e["source"] == s for e in usable) for s in results.SOURCES}
+    by_source = {s: sum(e["source"] == s for e in usable) for s in tuned_configs.SOURCES}
     if usable:
         info["status"] = f"tuned: {len(usable)} entries ({by_source['modeled']} modeled, " + (
             f"{by_source['hardware']} hardware); other shapes use the default config"

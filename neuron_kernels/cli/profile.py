@@ -116,9 +116,9 @@ def read_config(spec, text, problem=None, dtype=None, target=None, lnc=1):
     from neuron_kernels.errors import LimitError
 
     if text is None:
-        from neuron_kernels.autotune import results
+        from neuron_kernels import tuned_configs
 
-        choice = results.lookup(spec, problem, dtype, target.name, lnc=lnc)
+        choice = tuned_configs.lookup(spec, problem, dtype, target.name, lnc=lnc)
         return choice.config, choice.describe()
     if text.strip() == "default":
         return spec.config.default(), "the op's default config (--config default)"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
-from neuron_kernels.autotune import results
+from neuron_kernels import tuned_configs
 from neuron_kernels.autotune.objective import Point, gate_reason, params_key
 from neuron_kernels.autotune.study import SamplerError, make_sampler, tune, warm_start_configs
 from neuron_kernels.kernels import matmul
@@ -144,15 +144,15 @@ def test_the_op_reads_the_tuned_config_at_call_time(tmp_path, monkeypatch):
         seed=1,
     )
     assert r.written == tmp_path / "perf" / "trn2" / "matmul.json"
-    monkeypatch.setenv(results.PERF_RESULTS_ENV, str(tmp_path / "perf"))
-    results._said.clear()
+    monkeypatch.setenv(tuned_configs.PERF_RESULTS_ENV, str(tmp_path / "perf"))
+    tuned_configs._said.clear()
     a, b = torch.zeros(200, 300, dtype=torch.bfloat16), torch.zeros(300, 600, dtype=torch.bfloat16)
     choice = routing.select_config(matmul.SPEC, (a, b), "trn2")
     assert choice.source == "modeled" and choice.config.to_dict() == r.best_config
     entry = choice.entry
     assert entry["metric"]["latency_us"] == r.best_us and entry["trials"] == r.trials
     assert entry["tuner_version"] and entry["backend"] == "model"
-    assert entry["kernel_hash"] == results.kernel_hash(matmul.SPEC)
+    assert entry["kernel_hash"] == tuned_configs.kernel_hash(matmul.SPEC)
 
 
 def test_samplers_the_space_cannot_use_are_refused_with_a_reason():
@@ -181,12 +181,12 @@ def _ship(root, config: dict, shape: str, kernel_hash=None) -> None:
         "shape_bucket": syn.SPEC.shape_bucket({"m": m, "n": n, "k": k}),
         "dtype": "bfloat16",
         "shape": shape,
-        "kernel_hash": kernel_hash or results.kernel_hash(syn.SPEC),
+        "kernel_hash": kernel_hash or tuned_configs.kernel_hash(syn.SPEC),
         "model_version": "0",
         "source": "modeled",
         "config": config,
     }
-    results.write_entry(syn.SPEC, entry, "trn2", root)
+    tuned_configs.write_entry(syn.SPEC, entry, "trn2", root)
 
 
 def test_a_new_shape_starts_from_the_configs_tuned_at_the_nearest_shapes(tmp_path):

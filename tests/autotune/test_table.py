@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from neuron_kernels.autotune import results
+from neuron_kernels import tuned_configs
 from neuron_kernels.autotune.table import render_table
 
 
 def test_a_sliced_modeled_entry_says_how_many_slices_it_multiplied(tmp_path):
     """An attention entry tuned on one traced slice (``OpSpec.model_slice``) must say so in
     its row; an entry traced whole must not."""
-    shipped = results.shipped_dir() / "trn2" / "flash_attention_fwd.json"
+    shipped = tuned_configs.shipped_dir() / "trn2" / "flash_attention_fwd.json"
     data = json.loads(shipped.read_text())
     sliced, whole = (dict(e, metric=dict(e["metric"])) for e in data["entries"][:2])
     sliced["metric"]["copies"] = 4

@@ -52,7 +52,8 @@ def test_list_shows_every_tunable_with_its_choices_and_reason(capsys):
     assert "matmul  (720 configs; shape MxNxK)" in out
     assert "block_m        default 4        of 1, 2, 4, 8, 16" in out
     assert "modeled: 512-row A^T blocks" in out
-    assert "flash_attention_bwd  (1080 configs; shape BxHKVxGROUPSxSQxSKxD[:causal])" in out
+    syntax = "BxHKVxGROUPSxSQxSKxD[:causal][:window=L,R][:softcap=X][:sinks]"
+    assert f"flash_attention_bwd  (1080 configs; shape {syntax})" in out
     assert "fused_adamw_  (144 configs; shape TENSORSxNUMEL[:amsgrad])" in out
 
 
@@ -109,7 +110,7 @@ def test_bad_input_is_one_line(isolated, capsys, argv, says):
 def test_a_short_run_keeps_the_stored_faster_entry_and_says_so(isolated, capsys):
     """A 1-trial run at a shape whose stored entry is faster keeps the stored entry (it used
     to replace it and say "merged"); ``--replace`` stores the new one."""
-    from neuron_kernels.autotune import results
+    from neuron_kernels import tuned_configs
     from neuron_kernels.kernels.spec import get_spec
 
     spec = get_spec("matmul")
@@ -117,31 +118,31 @@ def test_a_short_run_keeps_the_stored_faster_entry_and_says_so(isolated, capsys)
     argv = ["autotune", "matmul", "--shape", "200x600x300", "--trials", "1", "--quiet"]
     assert main([*argv, "--results", str(perf)]) == 0
     path = perf / "trn2" / "matmul.json"
-    (entry,) = results.load_entries(path, "matmul", "trn2")
+    (entry,) = tuned_configs.load_entries(path, "matmul", "trn2")
     faster = {**entry, "metric": {"latency_us": entry["metric"]["latency_us"] / 2}, "trials": 31}
-    results.write_entry(spec, faster, "trn2", perf, replace=True)
+    tuned_configs.write_entry(spec, faster, "trn2", perf, replace=True)
     capsys.readouterr()
     assert main([*argv, "--results", str(perf), "--no-warm-start"]) == 0
     out = capsys.readouterr().out
     assert "kept the stored entry" in out and "31 trials" in out and "merged" not in out
-    (kept,) = results.load_entries(path, "matmul", "trn2")
+    (kept,) = tuned_configs.load_entries(path, "matmul", "trn2")
     assert kept["trials"] == 31
     assert main([*argv, "--results", str(perf), "--no-warm-start", "--replace"]) == 0
     assert "--replace" in capsys.readouterr().out
-    (stored,) = results.load_entries(path, "matmul", "trn2")
+    (stored,) = tuned_configs.load_entries(path, "matmul", "trn2")
     assert stored["trials"] == 1
 
 
 def test_results_go_to_the_user_folder_unless_write_shipped(isolated, monkeypatch, capsys):
     """Tuning never edits the package's perf_results/ (a tracked file in a clone) unless the
     contributor flag says so."""
-    from neuron_kernels.autotune import results
+    from neuron_kernels import tuned_configs
 
     shipped = isolated / "shipped"
     (shipped / "trn2").mkdir(parents=True)
-    monkeypatch.setattr(results, "shipped_dir", lambda: shipped)
+    monkeypatch.setattr(tuned_configs, "shipped_dir", lambda: shipped)
     monkeypatch.setenv("XDG_CACHE_HOME", str(isolated / "cache"))
-    monkeypatch.delenv(results.PERF_RESULTS_ENV, raising=False)
+    monkeypatch.delenv(tuned_configs.PERF_RESULTS_ENV, raising=False)
     argv = ["autotune", "matmul", "--shape", "200x600x300", "--trials", "1", "--quiet"]
     assert main(argv) == 0
     user_file = isolated / "cache" / "neuron-kernels" / "perf_results" / "trn2" / "matmul.json"

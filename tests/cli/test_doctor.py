@@ -13,8 +13,8 @@ from importlib import metadata
 import pytest
 import torch
 
+from neuron_kernels import tuned_configs
 from neuron_kernels._version import COST_MODEL_VERSION
-from neuron_kernels.autotune import results
 from neuron_kernels.cli import main as cli_main
 from neuron_kernels.kernels import REGISTRY
 from neuron_kernels.torch_ops import routing
@@ -43,7 +43,7 @@ def doctor_json(capsys, *argv, code: int = 0) -> dict:
 @pytest.fixture(autouse=True)
 def no_user_results(tmp_path, monkeypatch):
     """The user's results folder is an empty one (never this machine's cache)."""
-    monkeypatch.setenv(results.PERF_RESULTS_ENV, str(tmp_path / "user-results"))
+    monkeypatch.setenv(tuned_configs.PERF_RESULTS_ENV, str(tmp_path / "user-results"))
 
 
 def test_json_has_every_field(capsys, monkeypatch):
@@ -140,9 +140,9 @@ def _entry(spec, kernel_hash: str) -> dict:
 
 def test_perf_results_entries_tuned_and_stale(capsys, monkeypatch, tmp_path):
     spec = REGISTRY["matmul"]
-    monkeypatch.setenv(results.PERF_RESULTS_ENV, str(tmp_path))
-    monkeypatch.setattr(results, "shipped_dir", lambda: tmp_path / "shipped")
-    results.write_entry(spec, _entry(spec, results.kernel_hash(spec)), "trn2", tmp_path)
+    monkeypatch.setenv(tuned_configs.PERF_RESULTS_ENV, str(tmp_path))
+    monkeypatch.setattr(tuned_configs, "shipped_dir", lambda: tmp_path / "shipped")
+    tuned_configs.write_entry(spec, _entry(spec, tuned_configs.kernel_hash(spec)), "trn2", tmp_path)
     row = next(r for r in doctor_json(capsys)["ops"] if r["op"] == "torch.ops.neuron.matmul")
     info = row["perf_results"]
     assert info["files"] and info["status"].startswith("tuned: 1 entries (1 modeled, 0 hardware)")
@@ -151,7 +151,7 @@ def test_perf_results_entries_tuned_and_stale(capsys, monkeypatch, tmp_path):
          "source": "modeled", "layer": "user", "fresh": True, "usable": True}
     ]  # fmt: skip
 
-    results.write_entry(spec, _entry(spec, "sha256:another-kernel"), "trn2", tmp_path)
+    tuned_configs.write_entry(spec, _entry(spec, "sha256:another-kernel"), "trn2", tmp_path)
     row = next(r for r in doctor_json(capsys)["ops"] if r["op"] == "torch.ops.neuron.matmul")
     assert row["perf_results"]["entries"][0]["fresh"] is False
     assert row["perf_results"]["status"].startswith("default config (1 entries, none usable")
@@ -169,13 +169,13 @@ def test_bad_target_is_one_line(capsys):
 def test_an_unusable_entry_is_a_problem_not_fresh_and_usable(capsys, monkeypatch, tmp_path):
     """An entry whose config the op refuses (``block_m: 3``) used to be reported as tuned."""
     spec = REGISTRY["matmul"]
-    monkeypatch.setenv(results.PERF_RESULTS_ENV, str(tmp_path))
-    monkeypatch.setattr(results, "shipped_dir", lambda: tmp_path / "shipped")
-    bad = _entry(spec, results.kernel_hash(spec))
+    monkeypatch.setenv(tuned_configs.PERF_RESULTS_ENV, str(tmp_path))
+    monkeypatch.setattr(tuned_configs, "shipped_dir", lambda: tmp_path / "shipped")
+    bad = _entry(spec, tuned_configs.kernel_hash(spec))
     bad["config"] = {**bad["config"], "block_m": 3}
     (tmp_path / "trn2").mkdir()
     (tmp_path / "trn2" / "matmul.json").write_text(
-        json.dumps({"format": results.FORMAT, "version": 1, "op": "matmul", "target": "trn2",
+        json.dumps({"format": tuned_configs.FORMAT, "version": 1, "op": "matmul", "target": "trn2",
                     "entries": [bad]})
     )  # fmt: skip
     doc = doctor_json(capsys, code=1)

@@ -72,25 +72,25 @@ def test_without_config_it_profiles_the_config_the_op_runs(tmp_path, monkeypatch
     """``profile`` used to profile the default config where the op runs its tuned one; it
     now says which config it profiles and where it came from; ``--config default`` asks for
     the default."""
-    from neuron_kernels.autotune import results
+    from neuron_kernels import tuned_configs
     from neuron_kernels.cli import main
     from neuron_kernels.kernels.spec import get_spec
 
     spec = get_spec("matmul")
-    monkeypatch.setenv(results.PERF_RESULTS_ENV, str(tmp_path))
+    monkeypatch.setenv(tuned_configs.PERF_RESULTS_ENV, str(tmp_path))
     problem = {"m": 512, "n": 512, "k": 512}
     tuned = {**spec.config.default().to_dict(), "block_m": 2}
     entry = {
         "shape_bucket": spec.shape_bucket(problem),
         "dtype": "bfloat16",
         "lnc": 2,  # the launch LNC profile runs at here (--lnc 2 below)
-        "kernel_hash": results.kernel_hash(spec),
-        "model_version": results.COST_MODEL_VERSION,
+        "kernel_hash": tuned_configs.kernel_hash(spec),
+        "model_version": tuned_configs.COST_MODEL_VERSION,
         "source": "modeled",
         "config": tuned,
         "metric": {"latency_us": 1.0},
     }
-    results.write_entry(spec, entry, "trn2", tmp_path)
+    tuned_configs.write_entry(spec, entry, "trn2", tmp_path)
     assert main(["profile", "matmul", "--shape", "512x512x512", "--lnc", "2"]) == 0
     out = capsys.readouterr().out
     assert f"config {json.dumps(tuned)}" in out and "config from: the user modeled entry" in out

@@ -24,19 +24,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import neuron_kernels.torch_ops  # noqa: F401  (registers torch.ops.neuron.*)
-from neuron_kernels.autotune import results
+from neuron_kernels import tuned_configs
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import TARGETS
 from neuron_kernels.interpreter import NkiValidationError
 from neuron_kernels.kernels import REGISTRY
-from neuron_kernels.testing import (
+from neuron_kernels.torch_ops import cpu_mode, routing
+from neuron_kernels.verification import (
     InterpreterRunner,
     assert_within_tolerance,
     copy_args,
     interpreter_runner_for,
     run_kernel,
 )
-from neuron_kernels.torch_ops import cpu_mode, routing
 
 OPS = sorted(REGISTRY)
 
@@ -360,13 +360,13 @@ def test_accepted_configs_fit_the_hardware_at_scale(name):
 
 
 def _stored_entries():
-    root = results.shipped_dir()  # the configs we ship (a user folder is the user's)
+    root = tuned_configs.shipped_dir()  # the configs we ship (a user folder is the user's)
     for path in sorted(root.glob("*/*.json")):
         op, target = path.stem, path.parent.name
         if op not in REGISTRY:
             continue
-        for entry in results.load_entries(path, op, target):
-            lnc = results.entry_lnc(entry)
+        for entry in tuned_configs.load_entries(path, op, target):
+            lnc = tuned_configs.entry_lnc(entry)
             yield pytest.param(
                 op,
                 target,
@@ -379,12 +379,12 @@ def _stored_entries():
 def test_stored_perf_results_replay(name, target, entry):
     """Every tuned config in perf_results/ is for the current kernel, valid, and correct."""
     spec = REGISTRY[name]
-    assert entry["kernel_hash"] == results.kernel_hash(spec), (
+    assert entry["kernel_hash"] == tuned_configs.kernel_hash(spec), (
         f"perf_results/{target}/{name}.json holds a config tuned for another kernel version: re-tune it"
     )
     config = spec.config.from_dict(entry["config"])
     problem = spec.test_problems["probe"]
-    lnc = results.entry_lnc(entry)
+    lnc = tuned_configs.entry_lnc(entry)
     spec.check(problem, entry["dtype"], config, target, lnc)
     args = _inputs(spec, problem, entry["dtype"])
     context = f"[{name} stored {json.dumps(entry['config'])}]"
@@ -400,8 +400,8 @@ def test_stored_perf_results_are_reachable(name, target, entry):
     assert "shape" in entry, f"{name} entry {entry['shape_bucket']} does not say the shape it tuned"
     with torch.device("meta"):
         args = _inputs(spec, spec.parse_shape(entry["shape"]), entry["dtype"])
-    results._said.clear()
-    choice = routing.select_config(spec, args, target, results.entry_lnc(entry))
+    tuned_configs._said.clear()
+    choice = routing.select_config(spec, args, target, tuned_configs.entry_lnc(entry))
     assert choice.entry == entry, (
         f"perf_results/{target}/{name}.json: a call at {entry['shape']} looks up bucket "
         f"{spec.shape_bucket(spec.problem(*args))!r}, not the entry's {entry['shape_bucket']!r}"

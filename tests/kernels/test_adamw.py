@@ -14,8 +14,8 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import TARGETS
 from neuron_kernels.kernels import adamw
 from neuron_kernels.kernels.spec import measure_generator
-from neuron_kernels.testing import assert_within_tolerance, run_kernel
 from neuron_kernels.torch_ops import cpu_mode, routing
+from neuron_kernels.verification import assert_within_tolerance, run_kernel
 
 SPEC = adamw.SPEC
 SMALL_TILES = adamw.AdamwConfig(tile_free=512, in_flight=2)  # 65,536-element chunks: fast
@@ -143,7 +143,7 @@ def test_the_kernel_writes_no_operand_and_a_large_tensor_is_not_copied_in():
     aliasing (torch-neuronx tests/nki/test_nki_v2.py): the kernel returns the new tensors
     and writes none of its operands; the op copies the results back. A tensor of whole
     rows is launched on itself (no pack), small ones packed."""
-    from neuron_kernels.testing import InterpreterRunner
+    from neuron_kernels.verification import InterpreterRunner
 
     launched = []
     inner = InterpreterRunner(lnc=1)

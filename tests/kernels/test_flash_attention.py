@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from neuron_kernels.kernels import Tolerance
 from neuron_kernels.kernels import flash_attention as fa
-from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
+from neuron_kernels.verification import assert_within_tolerance, interpreter_runner_for, run_kernel
 
 FWD = fa.FWD_SPEC
 EDGES = (1, 127, 128, 129, 513)

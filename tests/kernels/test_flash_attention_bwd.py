@@ -20,12 +20,12 @@ import torch.nn.functional as F
 from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels import flash_attention_bwd as fab
 from neuron_kernels.kernels.flash_attention import attention_reference
-from neuron_kernels.testing import (
+from neuron_kernels.torch_ops import cpu_mode
+from neuron_kernels.verification import (
     assert_within_tolerance,
     interpreter_runner_for,
     run_kernel,
 )
-from neuron_kernels.torch_ops import cpu_mode
 
 SPEC = fab.SPEC
 ULP = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-24}

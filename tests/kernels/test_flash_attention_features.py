@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from neuron_kernels.kernels import flash_attention as fa
 from neuron_kernels.kernels import flash_attention_bwd as fab
-from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
+from neuron_kernels.verification import assert_within_tolerance, interpreter_runner_for, run_kernel
 
 FWD, BWD = fa.FWD_SPEC, fab.SPEC
 # Window sides at the edges the brief names: 0, 1, the tile edges 127/128/129, wider than

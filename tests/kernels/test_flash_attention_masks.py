@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels import flash_attention as fa
 from neuron_kernels.kernels import flash_attention_bwd as fab
-from neuron_kernels.testing import InterpreterRunner, assert_within_tolerance, run_kernel
 from neuron_kernels.torch_ops import cpu_mode
+from neuron_kernels.verification import InterpreterRunner, assert_within_tolerance, run_kernel
 
 FWD, BWD = fa.FWD_SPEC, fab.SPEC
 SEQS = (1, 100, 128, 129, 200)

@@ -22,8 +22,8 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import target_from_name
 from neuron_kernels.kernels import flash_attention_varlen as fv
 from neuron_kernels.kernels.spec import FunctionRunner
-from neuron_kernels.testing import InterpreterRunner, assert_within_tolerance, run_kernel
 from neuron_kernels.torch_ops import cpu_mode
+from neuron_kernels.verification import InterpreterRunner, assert_within_tolerance, run_kernel
 
 FWD, BWD = fv.FWD_SPEC, fv.BWD_SPEC
 # Sequence lengths at the edges the contract names: empty, one row, the tile edges.

@@ -31,7 +31,7 @@ from neuron_kernels.kernels import (
     rms_norm_bwd,
 )
 from neuron_kernels.kernels.tiling import core_share, split_work, tiled
-from neuron_kernels.testing import assert_within_tolerance, copy_args, run_kernel
+from neuron_kernels.verification import assert_within_tolerance, copy_args, run_kernel
 
 OPS = sorted(REGISTRY)
 

@@ -9,8 +9,8 @@ import torch
 import neuron_kernels.torch_ops  # noqa: F401
 from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels import matmul
-from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
 from neuron_kernels.torch_ops import cpu_mode
+from neuron_kernels.verification import assert_within_tolerance, interpreter_runner_for, run_kernel
 
 SPEC = matmul.SPEC
 Config = matmul.MatmulConfig

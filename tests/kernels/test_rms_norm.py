@@ -15,8 +15,8 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels import rms_norm, rms_norm_bwd
 from neuron_kernels.kernels.rms_norm import CASTING_MODES, FWD_SPEC, RmsNormConfig, largest_h
 from neuron_kernels.kernels.spec import Tolerance
-from neuron_kernels.testing import assert_within_tolerance, interpreter_runner_for, run_kernel
 from neuron_kernels.torch_ops import cpu_mode
+from neuron_kernels.verification import assert_within_tolerance, interpreter_runner_for, run_kernel
 
 BWD_SPEC = rms_norm_bwd.SPEC
 DTYPES = ("float32", "bfloat16", "float16")

@@ -28,8 +28,8 @@ from neuron_kernels.hardware import target_from_name
 from neuron_kernels.interpreter import run
 from neuron_kernels.kernels import swiglu
 from neuron_kernels.kernels.swiglu import BWD_SPEC, SPEC, _tile
-from neuron_kernels.testing import assert_within_tolerance, run_kernel
 from neuron_kernels.torch_ops import cpu_mode
+from neuron_kernels.verification import assert_within_tolerance, run_kernel
 
 DTYPES = ("float32", "bfloat16", "float16")
 TILE_FREES = SPEC.config.space()["tile_free"]

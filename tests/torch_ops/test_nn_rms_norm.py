@@ -11,9 +11,9 @@ import torch
 
 import neuron_kernels  # noqa: F401  (registers torch.ops.neuron.*)
 from neuron_kernels.kernels.spec import Tolerance
-from neuron_kernels.testing import assert_within_tolerance
 from neuron_kernels.torch_ops import cpu_mode
 from neuron_kernels.torch_ops.nn import RMSNorm
+from neuron_kernels.verification import assert_within_tolerance
 
 # fp32: ours vs torch's in fp32 differ only in summation order and rsqrt (a few ulp,
 # amplified a little by the following Linear layers): 1e-5. bf16: torch's own bf16 autograd

@@ -1,5 +1,6 @@
-"""Test helpers for kernel authors: run an op's kernel on the interpreter and compare it
-with its reference within the declared tolerance, saying where and by how much it fails."""
+"""Verification on the interpreter: run an op's kernel there and compare it with its
+reference within the declared tolerance, saying where and by how much it fails. The tuner
+gates every config with it, the demo and the calibration run on it, and the tests use it."""
 
 from __future__ import annotations
 
