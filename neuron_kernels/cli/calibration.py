@@ -26,8 +26,15 @@ from typing import Any
 
 import numpy as np
 
+from neuron_kernels.cost_model import (
+    allocation,
+    dependencies,
+    dma,
+    instruction_costs,
+    schedule,
+    timeline,
+)
 from neuron_kernels.cost_model import params as params_module
-from neuron_kernels.cost_model import schedule
 from neuron_kernels.cost_model.params import PARAMS, CostParams, params_for
 from neuron_kernels.cost_model.schedule import MODEL_VERSION, model_trace
 from neuron_kernels.errors import LimitError
@@ -62,7 +69,8 @@ def load_published() -> dict:
 def model_fingerprint() -> str:
     """Hash of the model's rules and parameter tables: a stored table with another is stale."""
     h = hashlib.sha256(MODEL_VERSION.encode())
-    for module in (schedule, params_module):
+    rules = (schedule, instruction_costs, dma, dependencies, allocation, timeline)
+    for module in (*rules, params_module):
         h.update(code_fingerprint(module).encode())
     for target in sorted(PARAMS):
         h.update(params_for(target).fingerprint().encode())
