@@ -85,7 +85,7 @@ overlapping live writes cached until its storage's write table changes (same ord
 the same producer on ties); edge and cover rules inlined; appends at the end of a
 timeline skip the bisects; the PSUM allocator's fit loop inlined (same candidates, same
 set order); VectorE cycle rules build their operand sets only when read; TensorE costs
-memoised per trace by everything ``_tensor_cost`` reads. Every modeled
+memoised per trace by everything ``tensor_cost`` reads. Every modeled
 number identical (``--check`` against a recording made before; 13 more
 ``ModelBackend.measure`` latencies of matmul, rms_norm fwd/bwd, flash attention fwd/bwd,
 fused_adamw_ and swiglu fwd/bwd equal as floats). matmul 4096^3 bf16 default config, CPU

@@ -19,7 +19,8 @@ from neuron_kernels.hardware import Target
 from neuron_kernels.interpreter.trace import Instruction, Trace
 
 if TYPE_CHECKING:
-    from neuron_kernels.interpreter.tensor import NkiTensor, Storage
+    from neuron_kernels.interpreter.storage import Storage
+    from neuron_kernels.interpreter.tensor import NkiTensor
 
 __all__ = ["Launch", "ProgramInstance", "current", "current_or_none", "activate"]
 

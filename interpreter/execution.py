@@ -39,7 +39,8 @@ from neuron_kernels.interpreter.memory import MemoryPeak, check_capacity
 from neuron_kernels.interpreter.python_subset import check_kernel
 from neuron_kernels.interpreter.races import check_hbm_races
 from neuron_kernels.interpreter.rebind import rebound_to_interpreter, unwrap_kernel
-from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor, wrap_host_array
+from neuron_kernels.interpreter.storage import MemoryRegion
+from neuron_kernels.interpreter.tensor import NkiTensor, wrap_host_array
 from neuron_kernels.interpreter.trace import Trace
 
 __all__ = ["Kernel", "Run", "run", "jit", "simulate"]

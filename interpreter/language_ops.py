@@ -24,7 +24,8 @@ from neuron_kernels.interpreter.errors import NkiValidationError, not_implemente
 from neuron_kernels.interpreter.instructions import dma, gpsimd, scalar, tensor_engine, vector
 from neuron_kernels.interpreter.memory import allocate
 from neuron_kernels.interpreter.operators import OPERATORS
-from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor
+from neuron_kernels.interpreter.storage import MemoryRegion
+from neuron_kernels.interpreter.tensor import NkiTensor
 
 __all__ = [
     "broadcast_to",

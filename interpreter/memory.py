@@ -15,13 +15,9 @@ from dataclasses import dataclass
 from neuron_kernels.hardware import usable_psum_banks
 from neuron_kernels.interpreter import dtypes
 from neuron_kernels.interpreter.errors import NkiValidationError
-from neuron_kernels.interpreter.tensor import (
-    MemoryRegion,
-    NkiTensor,
-    Storage,
-    _contiguous_strides,
-    _is_int,
-)
+from neuron_kernels.interpreter.storage import MemoryRegion, Storage, contiguous_strides
+from neuron_kernels.interpreter.tensor import NkiTensor
+from neuron_kernels.interpreter.values import is_int
 
 __all__ = ["allocate", "MemoryPeak", "check_capacity", "normalize_buffer"]
 
@@ -43,14 +39,14 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
         buffer = normalize_buffer(buffer, api)
     dtype = dtypes.normalize(dtype, api)
     info = dtypes.DTYPES[dtype]
-    if _is_int(shape):
+    if is_int(shape):
         shape = (shape,)
     try:
         shape = tuple(shape)
     except TypeError:
         raise NkiValidationError(api, "shape", "must be a tuple of positive ints", shape) from None
     for n in shape:
-        if type(n) is not int and not _is_int(n) or n < 1:
+        if type(n) is not int and not is_int(n) or n < 1:
             raise NkiValidationError(
                 api, "shape", "must be a non-empty tuple of positive ints", shape
             )
@@ -96,7 +92,7 @@ def allocate(sim, shape, dtype, buffer, name: str = "", api: str = "nl.ndarray")
                     (shape, dtype),
                 )
             return NkiTensor._make(
-                storage, shape, _contiguous_strides(shape), 0, dtype, storage.name
+                storage, shape, contiguous_strides(shape), 0, dtype, storage.name
             )
     uid = launch.new_storage_id()
     storage = Storage(

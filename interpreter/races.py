@@ -30,7 +30,7 @@ from collections import defaultdict
 import numpy as np
 
 from neuron_kernels.interpreter.errors import NkiValidationError
-from neuron_kernels.interpreter.tensor import _contiguous_strides
+from neuron_kernels.interpreter.storage import contiguous_strides
 from neuron_kernels.interpreter.trace import Instruction
 
 __all__ = ["check_hbm_races"]
@@ -162,7 +162,7 @@ def _box(view) -> tuple | None:
     if view._indirect is not None or view.itemsize != st.itemsize or not st.shape:
         return None
     shape = tuple(st.shape)
-    strides = _contiguous_strides(shape)
+    strides = contiguous_strides(shape)
     first, rest = [0] * len(shape), view.offset
     for d in range(len(shape)):
         first[d], rest = divmod(rest, strides[d])

@@ -39,10 +39,15 @@ import numpy as np
 
 from neuron_kernels.interpreter.errors import NkiValidationError
 
-__all__ = ["INT32_MIN", "INT32_MAX", "nki_number", "nki_int", "nki_float"]
+__all__ = ["INT32_MIN", "INT32_MAX", "is_int", "nki_number", "nki_int", "nki_float"]
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 GUIDE_VALUES = "nki/get-started/nki-language-guide.rst 'NKI Values': 32-bit integer values"
+
+
+def is_int(x) -> bool:
+    """``x`` is a compile-time int: a Python or NumPy integer, not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def nki_int(api: str, arg: str, value) -> int:

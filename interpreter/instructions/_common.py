@@ -17,7 +17,8 @@ from neuron_kernels.interpreter.context import current
 from neuron_kernels.interpreter.enums import engine as Engine
 from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.operators import Operator
-from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor
+from neuron_kernels.interpreter.storage import MemoryRegion
+from neuron_kernels.interpreter.tensor import NkiTensor
 from neuron_kernels.interpreter.values import nki_float, nki_int, nki_number
 
 __all__ = ["OperandChecks", "NkiInstruction", "SBUF", "PSUM", "ON_CHIP", "HBM_OR_SBUF"]

@@ -25,7 +25,7 @@ from neuron_kernels.interpreter.enums import dma_engine as DmaEngine
 from neuron_kernels.interpreter.enums import engine as Engine
 from neuron_kernels.interpreter.errors import NkiValidationError
 from neuron_kernels.interpreter.instructions._common import SBUF, OperandChecks
-from neuron_kernels.interpreter.tensor import MemoryRegion
+from neuron_kernels.interpreter.storage import MemoryRegion
 
 __all__ = ["core_barrier", "sendrecv", "synchronise"]
 

@@ -20,13 +20,13 @@ from neuron_kernels.interpreter.enums import engine as Engine
 from neuron_kernels.interpreter.enums import enum_member
 from neuron_kernels.interpreter.enums import matmul_perf_mode as PerfMode
 from neuron_kernels.interpreter.instructions._common import OperandChecks
-from neuron_kernels.interpreter.tensor import (
+from neuron_kernels.interpreter.storage import (
     PSUM_MATMUL_WRITTEN,
     PSUM_UNWRITTEN,
     PSUM_VALUE_WRITTEN,
     MemoryRegion,
-    NkiTensor,
 )
+from neuron_kernels.interpreter.tensor import NkiTensor
 
 __all__ = ["nc_matmul", "nc_transpose"]
 

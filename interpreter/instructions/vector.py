@@ -22,7 +22,8 @@ from neuron_kernels.interpreter.enums import engine as Engine
 from neuron_kernels.interpreter.enums import reduce_cmd as ReduceCmd
 from neuron_kernels.interpreter.instructions._common import OperandChecks, apply_binary, apply_unary
 from neuron_kernels.interpreter.operators import OPERATORS, REDUCTION_ALIASES, Operator
-from neuron_kernels.interpreter.tensor import MemoryRegion, NkiTensor
+from neuron_kernels.interpreter.storage import MemoryRegion
+from neuron_kernels.interpreter.tensor import NkiTensor
 from neuron_kernels.interpreter.values import nki_number
 
 __all__ = [

@@ -21,8 +21,9 @@ from neuron_kernels.interpreter.errors import NkiValidationError as _NkiValidati
 from neuron_kernels.interpreter.errors import not_implemented as _not_implemented
 from neuron_kernels.interpreter.memory import allocate as _allocate
 from neuron_kernels.interpreter.operators import OPERATORS as _OPERATORS
+from neuron_kernels.interpreter.storage import MemoryRegion
 from neuron_kernels.interpreter.tensor import DynamicSlice as _DynamicSlice
-from neuron_kernels.interpreter.tensor import MemoryRegion, NKIObject, NkiTensor
+from neuron_kernels.interpreter.tensor import NKIObject, NkiTensor
 from neuron_kernels.interpreter.unimplemented import UNIMPLEMENTED as _UNIMPLEMENTED
 from neuron_kernels.interpreter.values import nki_int
 

@@ -91,6 +91,7 @@ def _positive(flag: str, value: int) -> int:
 
 def main(args) -> int:
     from neuron_kernels.cli import calibration
+    from neuron_kernels.cost_model.calibration import render_markdown
 
     def say(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -134,10 +135,10 @@ def main(args) -> int:
     table = calibration.build_table(row_ids, progress=say, jobs=args.jobs)
     if args.write:
         calibration.write_table(table)
-        print(calibration.render_markdown(table, stored=True))
+        print(render_markdown(table, stored=True))
         print("wrote perf_results/calibration/table.json and table.md", file=sys.stderr)
     else:
-        print(calibration.render_markdown(table, stored=False))
+        print(render_markdown(table, stored=False))
     ok = all(r["within_bound"] for r in table["rows"]) and all(
         o["holds"] for o in table["orderings"]
     )

@@ -1,19 +1,21 @@
-"""Calibration of the cost model: modeled vs published hardware latency, and fitting the
-least certain parameters to a user's own profiler numbers.
+"""``neuron-kernels calibrate``'s inputs and files: the calibration kernels traced, the
+measurements read and checked, the table stored. The modeling, comparison and fitting are
+:mod:`neuron_kernels.cost_model.calibration`'s; this module joins them to what only the top
+layer may import (``perf_results/calibration``, the ops' specs, the tuner's hardware workers).
 
-* :func:`build_table` runs every published row (``perf_results/calibration/published.json``)
-  through the interpreter (trace only) and the cost model, and checks the ±15% bound and the
-  published orderings. :func:`write_table` stores it as ``table.json`` and ``table.md``.
+* :func:`build_table` traces every published row (``perf_results/calibration/published.json``)
+  on the interpreter and models it, then checks the ±15% bound and the published orderings.
+  :func:`write_table` stores it as ``table.json`` and ``table.md``.
 * :func:`fit` takes measurements (milliseconds from the Neuron profiler on real hardware),
-  traces each kernel once, and searches the named parameters (Nelder-Mead in log space) to
-  minimise the mean squared log error. Its output is an overrides file for ``profile``.
+  checks and traces each row once, and fits the named parameters to them. Its output is an
+  overrides file for ``profile``.
+* :func:`measure_on_hardware` runs the calibration kernels on this node's NeuronCores.
 
 Modeled numbers are labelled "modeled"; published/measured ones "published hardware".
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -26,10 +28,25 @@ from typing import Any
 
 import numpy as np
 
+from neuron_kernels.cost_model import (
+    allocation,
+    dependencies,
+    dma,
+    instruction_costs,
+    schedule,
+    timeline,
+)
 from neuron_kernels.cost_model import params as params_module
-from neuron_kernels.cost_model import schedule
-from neuron_kernels.cost_model.params import PARAMS, CostParams, params_for
-from neuron_kernels.cost_model.schedule import MODEL_VERSION, model_trace
+from neuron_kernels.cost_model.calibration import (
+    calibration_table,
+    error_pct,
+    fit_parameters,
+    model_row,
+    render_markdown,
+    row_target,
+)
+from neuron_kernels.cost_model.params import PARAMS, params_for
+from neuron_kernels.cost_model.schedule import MODEL_VERSION
 from neuron_kernels.errors import LimitError
 from neuron_kernels.fingerprint import code_fingerprint
 from neuron_kernels.hardware import target_from_name
@@ -41,13 +58,11 @@ __all__ = [
     "load_published",
     "model_fingerprint",
     "trace_row",
-    "model_row",
     "build_table",
     "write_table",
-    "render_markdown",
-    "check_orderings",
     "fit",
     "load_measurements",
+    "measure_on_hardware",
 ]
 
 _NP_DTYPES = {"float32": np.float32, "bfloat16": None, "float16": np.float16}
@@ -62,7 +77,8 @@ def load_published() -> dict:
 def model_fingerprint() -> str:
     """Hash of the model's rules and parameter tables: a stored table with another is stale."""
     h = hashlib.sha256(MODEL_VERSION.encode())
-    for module in (schedule, params_module):
+    rules = (schedule, instruction_costs, dma, dependencies, allocation, timeline)
+    for module in (*rules, params_module):
         h.update(code_fingerprint(module).encode())
     for target in sorted(PARAMS):
         h.update(params_for(target).fingerprint().encode())
@@ -77,15 +93,6 @@ def _np_dtype(name: str):
     return _NP_DTYPES[name]
 
 
-def _row_target(row: dict):
-    tgt = target_from_name(row["target"])
-    over = dict(row.get("target_overrides") or {})
-    for key, value in list(over.items()):
-        if isinstance(value, str):  # "sbuf_partition_bytes": another field of the target
-            over[key] = getattr(tgt, value)
-    return dataclasses.replace(tgt, **over) if over else tgt
-
-
 def trace_row(row: dict, shape: dict | None = None):
     """Run a published row's calibration kernel on the interpreter, trace only."""
     from neuron_kernels.perf_results.calibration import tutorial_matmul
@@ -97,70 +104,8 @@ def trace_row(row: dict, shape: dict | None = None):
     rhs = np.empty((shape["K"], shape["N"]), dtype=dt)
     kernel = getattr(tutorial_matmul, row["kernel"])
     return run(
-        kernel, (lhsT, rhs), dict(row.get("kwargs") or {}), target=_row_target(row), compute=False
+        kernel, (lhsT, rhs), dict(row.get("kwargs") or {}), target=row_target(row), compute=False
     )
-
-
-def model_row(row: dict, result, params: CostParams | None = None) -> dict:
-    """The modeled numbers of one row (all modeled), comparable with its published ones."""
-    tgt = _row_target(row)
-    params = params or params_for(tgt.name)
-    tl = model_trace(result.trace, tgt, params=params)
-    lat = tl.latency_ns
-    peak = 2.0 * 128 * 128 * float(params.pe_ghz)  # FLOP per ns
-    hbm = tl.dma_hbm_bytes["read"] + tl.dma_hbm_bytes["write"]
-    out = {
-        "latency_ms": lat / 1e6,
-        "tensor_active_ms": tl.busy_ns["pe"] / 1e6,
-        "dma_active_ms": tl.dma_active_ns / 1e6,
-        "vector_active_ms": tl.busy_ns["dve"] / 1e6,
-        "hfu_pct": 100.0 * tl.flops["matmul"] / (peak * lat) if lat else 0.0,
-        "hbm_gb": hbm / 1e9,
-        "hbm_gbps": hbm / lat if lat else 0.0,
-        "critical_engine": tl.critical_unit,
-        "instructions": len(result.trace),
-    }
-    if (
-        tgt.name == "trn2"
-    ):  # the profiler's MBU divides by one HBM stack, 725 GB/s ([mm-tut-old]; [perf])
-        out["mbu_pct"] = 100.0 * hbm / (725.0 * lat) if lat else 0.0
-    return out
-
-
-def check_orderings(modeled: dict[str, dict], orderings: list[dict]) -> list[dict]:
-    """Evaluate each published ordering on the modeled rows."""
-    results = []
-    for o in orderings:
-        ids = o["rows"]
-        if not all(i in modeled for i in ids):
-            continue
-        lat = [modeled[i]["latency_ms"] for i in ids]
-        if o["kind"] == "decreasing":
-            holds = all(a > b for a, b in zip(lat, lat[1:]))
-            detail = " > ".join(f"{x:.2f}" for x in lat) + " ms (modeled)"
-        elif o["kind"] == "close":
-            diff = 100.0 * (lat[0] / lat[1] - 1.0)
-            holds = abs(diff) <= o["tolerance_pct"]
-            detail = f"{lat[0]:.2f} vs {lat[1]:.2f} ms (modeled), {diff:+.2f}%"
-        elif o["kind"] == "dma_active_drop":
-            a, b = (modeled[i]["dma_active_ms"] / modeled[i]["latency_ms"] for i in ids)
-            holds = a < o["max_ratio"] * b
-            detail = f"modeled DMA active {100 * a:.1f}% vs {100 * b:.1f}% of latency"
-        else:
-            raise ValueError(
-                f"calibration: ordering kind must be decreasing|close|dma_active_drop, got {o['kind']}"
-            )
-        results.append(
-            {
-                "id": o["id"],
-                "kind": o["kind"],
-                "rows": ids,
-                "holds": bool(holds),
-                "modeled": detail,
-                "published": o["published"],
-            }
-        )
-    return results
 
 
 def _model_published(row: dict, shape: dict) -> tuple[dict, float]:
@@ -171,7 +116,6 @@ def _model_published(row: dict, shape: dict) -> tuple[dict, float]:
 def build_table(row_ids=None, progress: Callable[[str], None] | None = None, jobs: int = 1) -> dict:
     """Model every published row (or those in ``row_ids``) and compare; ``jobs`` processes."""
     pub = load_published()
-    bound = float(pub["bound_pct"])
     selected = [r for r in pub["rows"] if not row_ids or r["id"] in row_ids]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
@@ -180,192 +124,15 @@ def build_table(row_ids=None, progress: Callable[[str], None] | None = None, job
             results = list(pool.map(_model_published, selected, [pub["shape"]] * len(selected)))
     else:
         results = [_model_published(r, pub["shape"]) for r in selected]
-    rows, modeled = [], {}
-    for row, (m, seconds) in zip(selected, results):
-        modeled[row["id"]] = m
-        published_ms = row["published"]["latency_ms"]
-        err = 100.0 * (m["latency_ms"] / published_ms - 1.0)
-        rows.append(
-            {
-                "id": row["id"],
-                "target": row["target"],
-                "dtype": row["dtype"],
-                "kernel": row["kernel"],
-                "kwargs": row.get("kwargs") or {},
-                "published_hardware": row["published"],
-                "modeled": m,
-                "error_pct": err,
-                "within_bound": abs(err) <= bound,
-                "source": row["source"],
-                "assumption": row.get("assumption", ""),
-            }
-        )
-        if progress:
+    if progress:
+        for row, (m, seconds) in zip(selected, results):
+            published_ms = row["published"]["latency_ms"]
+            err = error_pct(m["latency_ms"], published_ms)
             progress(
                 f"{row['id']}: modeled {m['latency_ms']:.2f} ms vs published hardware "
                 f"{published_ms:.2f} ms ({err:+.1f}%) [{seconds:.0f} s]"
             )
-    return {
-        "label": "modeled vs published hardware",
-        "model_version": MODEL_VERSION,
-        "model_fingerprint": model_fingerprint(),
-        "params_fingerprints": {t: params_for(t).fingerprint() for t in sorted(PARAMS)},
-        "bound_pct": bound,
-        "bound_reason": pub["bound_reason"],
-        "shape": pub["shape"],
-        "rows": rows,
-        "orderings": check_orderings(modeled, pub["orderings"]),
-        "dma_curve": dma_curve(pub["dma_curve"]),
-        "ordering_note": pub["ordering_note"],
-        "generated_by": "neuron-kernels calibrate --write",
-    }
-
-
-def dma_curve(published: dict, target: str = "trn2") -> dict:
-    """Modeled throughput of one [128, b] HBM->SBUF transfer vs b, relative to b = 32 KiB."""
-    from neuron_kernels.interpreter import nki
-
-    nl, nisa = nki.language, nki.isa
-
-    def load(x):
-        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=x)
-
-    rates = {}
-    for b in published["relative_pct"]:
-        r = run(load, (np.empty((128, int(b) // 4), np.float32),), target=target, compute=False)
-        tl = model_trace(r.trace, target)
-        rates[b] = 128 * int(b) / (tl.end[0] - tl.start[0])
-    top = rates[max(rates, key=int)]
-    return {
-        "source": published["source"],
-        "note": published["note"],
-        "rows": [
-            {
-                "bytes_per_partition": int(b),
-                "published_plot_pct": published["relative_pct"][b],
-                "modeled_pct": 100.0 * rates[b] / top,
-            }
-            for b in sorted(rates, key=int)
-        ],
-    }
-
-
-def render_markdown(table: dict, stored: bool = True) -> str:
-    """The table as Markdown: ``stored`` for the committed ``table.md``, else a printout that
-    says it is not that file."""
-    s = table["shape"]
-    provenance = (
-        f"Generated by `{table['generated_by']}` (cost model v{table['model_version']}, "
-        f"fingerprint `{table['model_fingerprint']}`). Do not edit by hand."
-        if stored
-        else f"Printed by `neuron-kernels calibrate` (cost model v{table['model_version']}, "
-        f"fingerprint `{table['model_fingerprint']}`); not stored: `--write` stores all rows "
-        "in perf_results/calibration/table.md."
-    )
-    lines = [
-        "# Cost-model calibration: modeled vs published hardware",
-        "",
-        provenance,
-        "",
-        f"Matmul `[{s['M']},{s['K']}] @ [{s['K']},{s['N']}]` (lhsT `[{s['K']},{s['M']}]`), the AWS tutorial "
-        "variants in `tutorial_matmul.py`. *Published hardware* numbers are AWS measurements; "
-        "*modeled* numbers come from the interpreter trace and the cost model.",
-        f"Bound: every row within ±{table['bound_pct']:.0f}% ({table['bound_reason']})",
-        "",
-        "| Row | Target, dtype | Published hardware (ms) | Modeled (ms) | Error | Within ±"
-        f"{table['bound_pct']:.0f}% | Modeled critical engine |",
-        "|---|---|---:|---:|---:|:-:|---|",
-    ]
-    for r in table["rows"]:
-        lines.append(
-            f"| {r['id']} | {r['target']}, {r['dtype']} | {r['published_hardware']['latency_ms']:.2f} | "
-            f"{r['modeled']['latency_ms']:.2f} | {r['error_pct']:+.1f}% | {'yes' if r['within_bound'] else 'NO'} | "
-            f"{r['modeled']['critical_engine']} |"
-        )
-    lines += [
-        "",
-        "## Orderings",
-        "",
-        "| Check | Published hardware | Modeled | Holds |",
-        "|---|---|---|:-:|",
-    ]
-    for o in table["orderings"]:
-        lines.append(
-            f"| {o['id']} | {o['published']} | {o['modeled']} | {'yes' if o['holds'] else 'NO'} |"
-        )
-    lines += [
-        "",
-        table["ordering_note"],
-        "",
-        "## Secondary metrics (informational, not bounded)",
-        "",
-        "| Row | Metric | Published hardware | Modeled |",
-        "|---|---|---:|---:|",
-    ]
-    for r in table["rows"]:
-        for key, value in sorted(r["published_hardware"].items()):
-            if key == "latency_ms" or key not in r["modeled"]:
-                continue
-            lines.append(f"| {r['id']} | {key} | {value:.2f} | {r['modeled'][key]:.2f} |")
-    curve = table.get("dma_curve")
-    if curve:
-        lines += [
-            "",
-            "## DMA size curve, A11 (informational, not bounded)",
-            "",
-            curve["note"],
-            "",
-            "| Bytes per partition | Published plot (% of 32 KiB) | Modeled (% of 32 KiB) |",
-            "|---:|---:|---:|",
-        ]
-        for c in curve["rows"]:
-            lines.append(
-                f"| {c['bytes_per_partition']} | {c['published_plot_pct']:g} | {c['modeled_pct']:.1f} |"
-            )
-        lines += ["", f"Source: {curve['source']}"]
-    lines += ["", "## Sources and assumptions", ""]
-    for r in table["rows"]:
-        extra = f" Assumption: {r['assumption']}." if r["assumption"] else ""
-        lines.append(f"- **{r['id']}**: {r['source']}.{extra}")
-    lines += _recalibration_note()
-    return "\n".join(lines) + "\n"
-
-
-def _recalibration_note() -> list[str]:
-    from neuron_kernels.cost_model.params import LEAST_CERTAIN
-
-    lines = [
-        "",
-        "## Least certain parameters (recalibrate these first)",
-        "",
-        "| Parameter | trn1 | trn2 | trn3 | Unit | Source (least certain target) |",
-        "|---|---:|---:|---:|---|---|",
-    ]
-    for name in LEAST_CERTAIN:
-        vals = [PARAMS[t][name].value for t in ("trn1", "trn2", "trn3")]
-        rank = {"low": 0, "medium": 1, "high": 2}
-        worst = min(("trn1", "trn2", "trn3"), key=lambda t: rank.get(PARAMS[t][name].confidence, 0))
-        p = PARAMS[worst][name]
-        lines.append(
-            f"| `{name}` | {vals[0]} | {vals[1]} | {vals[2]} | {p.unit} | {worst}: {p.source} |"
-        )
-    lines += [
-        "",
-        "The A1 rows cannot check `dma_core_gbps` on trn1: that value is derived from them. No Trn2 "
-        "BF16 matmul and no Trn3 measurement was available; trn3 values are documented figures only.",
-        "",
-        "To recalibrate on a Trn2 node: profile kernels with the Neuron profiler (for example the "
-        "calibration kernels here and your own ops at your shapes), write their latencies to a file "
-        '`{"target": "trn2", "rows": [{"id": "A3-v3-hoisted", "measured_ms": ...}, '
-        '{"op": "matmul", "shape": "4096x4096x4096", "dtype": "bfloat16", '
-        '"measured_ms": ...}]}`, then run '
-        "`neuron-kernels calibrate --fit mine.json --params dma_transfer_ns,dma_core_gbps,sync_ns "
-        "--out trn2-fitted.json` and profile with `neuron-kernels profile ... --params-file "
-        "trn2-fitted.json`. Choose rows that stress the parameter being fitted (small DMAs for "
-        "`dma_transfer_ns`, dependent chains for `engine_latency_cycles` and `sync_ns`).",
-    ]
-    return lines
+    return calibration_table(pub, selected, [m for m, _ in results], model_fingerprint())
 
 
 def write_table(table: dict, json_path=None, md_path=None) -> None:
@@ -502,7 +269,7 @@ def _trace_measurement(row: dict, target: str):
     if row.get("id") in pub and "kernel" not in row and "op" not in row:
         base = dict(pub[row["id"]])
         base["target"] = target
-        return trace_row(base), _row_target(base)
+        return trace_row(base), row_target(base)
     tgt = target_from_name(target)
     if "op" in row:
         import torch
@@ -531,21 +298,16 @@ def _trace_measurement(row: dict, target: str):
     return run(kernel, arrays, dict(row.get("kwargs") or {}), target=tgt, compute=False), tgt
 
 
-def _modeled_ms(traced, tgt, params) -> float:
-    runs = traced if isinstance(traced, list) else [traced]
-    return sum(model_trace(r.trace, tgt, params=params).latency_ns for r in runs) / 1e6
-
-
 def fit(
     measurements: dict,
     names: list[str],
     iterations: int = 40,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Fit ``names`` (numeric parameters) to measured milliseconds; returns the fit report.
-
-    The search is Nelder-Mead on log(value), each value kept within 1/8x..8x of its default,
-    minimising mean(log(modeled / measured)^2). Traces are computed once per row.
+    """Fit ``names`` (numeric parameters) to measured milliseconds; returns the fit report
+    (:func:`~neuron_kernels.cost_model.calibration.fit_parameters`). A name that is not a
+    numeric parameter, or a kernel row that refuses its shapes, is a
+    :class:`~neuron_kernels.cli.UsageError`. Traces are computed once per row.
     """
     target = measurements.get("target", "trn2")
     base = params_for(target)
@@ -579,77 +341,7 @@ def fit(
         traced.append((row, tr, tgt))
         if progress:
             progress(f"traced {row.get('id', row.get('kernel', row.get('op')))}")
-    x0 = np.array([math.log(float(base.table[n].value) or 1e-3) for n in names])
-    lo, hi = x0 - math.log(8.0), x0 + math.log(8.0)
-
-    def params_at(x):
-        return base.replace(**{n: math.exp(v) for n, v in zip(names, np.clip(x, lo, hi))})
-
-    def loss(x):
-        p = params_at(x)
-        errs = [
-            math.log(_modeled_ms(tr, tgt, p) / float(row["measured_ms"])) for row, tr, tgt in traced
-        ]
-        return float(np.mean(np.square(errs)))
-
-    before = {
-        row.get("id", str(i)): _modeled_ms(tr, tgt, base) for i, (row, tr, tgt) in enumerate(traced)
-    }
-    x_best, f_best = _nelder_mead(loss, x0, iterations, progress)
-    fitted = params_at(x_best)
-    after = {
-        row.get("id", str(i)): _modeled_ms(tr, tgt, fitted)
-        for i, (row, tr, tgt) in enumerate(traced)
-    }
-    return {
-        "target": target,
-        "label": "parameters fitted to hardware measurements (modeled results below)",
-        "overrides": {n: float(fitted.table[n].value) for n in names},
-        "defaults": {n: float(base.table[n].value) for n in names},
-        "rms_log_error": {"before": math.sqrt(loss(x0)), "after": math.sqrt(f_best)},
-        "rows": [
-            {
-                "id": k,
-                "measured_ms_hardware": float(row["measured_ms"]),
-                "modeled_ms_before": before[k],
-                "modeled_ms_after": after[k],
-            }
-            for (row, _, _), k in zip(traced, before)
-        ],
-    }
-
-
-def _nelder_mead(f, x0: np.ndarray, iterations: int, progress=None):
-    n = len(x0)
-    simplex = [x0] + [x0 + np.eye(n)[i] * 0.3 for i in range(n)]
-    values = [f(x) for x in simplex]
-    for it in range(iterations):
-        order = np.argsort(values)
-        simplex = [simplex[i] for i in order]
-        values = [values[i] for i in order]
-        if progress:
-            progress(f"iteration {it}: rms log error {math.sqrt(values[0]):.4f}")
-        if values[-1] - values[0] < 1e-7:
-            break
-        centroid = np.mean(simplex[:-1], axis=0)
-        xr = centroid + (centroid - simplex[-1])
-        fr = f(xr)
-        if fr < values[0]:
-            xe = centroid + 2.0 * (centroid - simplex[-1])
-            fe = f(xe)
-            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = xr, fr
-        else:
-            xc = centroid + 0.5 * (simplex[-1] - centroid)
-            fc = f(xc)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = xc, fc
-            else:
-                simplex = [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex]
-                values = [values[0]] + [f(x) for x in simplex[1:]]
-    i = int(np.argmin(values))
-    return simplex[i], values[i]
+    return fit_parameters(traced, names, base, target, iterations, progress)
 
 
 # -- measuring the calibration kernels on this node ----------------------------------------------

@@ -13,6 +13,8 @@ import json
 import pytest
 
 from neuron_kernels.cli import calibration
+from neuron_kernels.cost_model.calibration import check_orderings, model_row, modeled_ms
+from neuron_kernels.cost_model.params import params_for
 from neuron_kernels.perf_results.calibration import TABLE_JSON
 
 
@@ -58,7 +60,7 @@ def test_published_orderings_hold(table):
     published = calibration.load_published()
     assert {o["id"] for o in table["orderings"]} == {o["id"] for o in published["orderings"]}
     modeled = {r["id"]: r["modeled"] for r in table["rows"]}
-    rechecked = calibration.check_orderings(modeled, published["orderings"])
+    rechecked = check_orderings(modeled, published["orderings"])
     assert all(o["holds"] for o in rechecked), [o for o in rechecked if not o["holds"]]
     assert [o["holds"] for o in rechecked] == [o["holds"] for o in table["orderings"]]
 
@@ -73,7 +75,7 @@ def test_table_is_not_stale(table):
 def test_one_row_rederived_matches_the_table(table):
     """Re-run the cheapest full-size row (trace only) and compare with the stored numbers."""
     row = next(r for r in calibration.load_published()["rows"] if r["id"] == "A5-v5-block-all")
-    fresh = calibration.model_row(row, calibration.trace_row(row))
+    fresh = model_row(row, calibration.trace_row(row))
     stored = next(r for r in table["rows"] if r["id"] == row["id"])["modeled"]
     assert fresh["latency_ms"] == pytest.approx(stored["latency_ms"], rel=1e-9)
     assert fresh["instructions"] == stored["instructions"]
@@ -87,10 +89,10 @@ def test_fit_recovers_a_known_parameter(tmp_path):
         {"id": f"tiled-{k}", "kernel": kernel, "shapes": [[k, 128], [k, 512]], "dtype": "float32"}
         for k in (256, 1024)
     ]
-    truth = calibration.params_for("trn2").replace(dma_transfer_ns=400.0)
+    truth = params_for("trn2").replace(dma_transfer_ns=400.0)
     for row in rows:
         traced, tgt = calibration._trace_measurement(row, "trn2")
-        row["measured_ms"] = calibration._modeled_ms(traced, tgt, truth)
+        row["measured_ms"] = modeled_ms(traced, tgt, truth)
     report = calibration.fit({"target": "trn2", "rows": rows}, ["dma_transfer_ns"], iterations=60)
     assert report["overrides"]["dma_transfer_ns"] == pytest.approx(400.0, rel=0.05)
     assert report["rms_log_error"]["after"] < 0.1 * report["rms_log_error"]["before"]

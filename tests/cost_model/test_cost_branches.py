@@ -1,5 +1,5 @@
 """Every instruction the interpreter implements has a deliberate cost rule (issue 14 item 7):
-a new ``nki.isa`` instruction without an entry in ``schedule.COST_RULES`` fails here instead
+a new ``nki.isa`` instruction without an entry in ``instruction_costs.COST_RULES`` fails here instead
 of being priced silently by a fallback; and the new instructions schedule on their lanes."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import types
 
 import numpy as np
 
-from neuron_kernels.cost_model.schedule import COST_RULES, model_trace
+from neuron_kernels.cost_model.instruction_costs import COST_RULES
+from neuron_kernels.cost_model.schedule import model_trace
 from neuron_kernels.interpreter import nki, run
 
 nisa, nl = nki.isa, nki.language
@@ -28,7 +29,7 @@ def _traced_instructions() -> set[str]:
 
 def test_every_implemented_instruction_has_a_cost_rule():
     missing = sorted(_traced_instructions() - set(COST_RULES))
-    assert not missing, f"no cost rule in cost_model/schedule.py COST_RULES for {missing}"
+    assert not missing, f"no cost rule in cost_model/instruction_costs.py COST_RULES for {missing}"
     stale = sorted(set(COST_RULES) - _traced_instructions())
     assert not stale, f"COST_RULES names instructions nki.isa lacks: {stale}"
 

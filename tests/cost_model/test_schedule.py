@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from neuron_kernels.cost_model.params import PARAMS, params_for
 from neuron_kernels.cost_model.profiler import profile
-from neuron_kernels.cost_model.schedule import Timeline, model_trace
+from neuron_kernels.cost_model.schedule import model_trace
+from neuron_kernels.cost_model.timeline import Timeline
 from neuron_kernels.errors import LimitError
 from neuron_kernels.interpreter import nki, run
 

@@ -28,7 +28,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from neuron_kernels.cost_model.schedule import COST_RULES, model_trace
+from neuron_kernels.cost_model.instruction_costs import COST_RULES
+from neuron_kernels.cost_model.schedule import model_trace
 from neuron_kernels.interpreter import NkiValidationError, nki, run
 
 nl, nisa = nki.language, nki.isa

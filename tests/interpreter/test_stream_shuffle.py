@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from neuron_kernels.cost_model.schedule import COST_RULES
+from neuron_kernels.cost_model.instruction_costs import COST_RULES
 from neuron_kernels.interpreter import NkiValidationError, nki, run
 
 nl, nisa = nki.language, nki.isa
