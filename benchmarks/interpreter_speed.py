@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from neuron_kernels.interpreter import run
-from neuron_kernels.perf_results.calibration.tutorial_matmul import matmul_tiled as matmul_kernel
+from neuron_kernels.kernels.calibration.tutorial_matmul import matmul_tiled as matmul_kernel
 
 
 def _best(fn, repeat):

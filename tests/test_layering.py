@@ -37,7 +37,7 @@ ALLOWED = {
     "autotune": BOTTOM
     | {"hardware", "fingerprint", "interpreter", "cost_model", "kernels", "verification"}
     | {"tuned_configs", "torch_ops"},
-    "perf_results": BOTTOM | {"hardware", "backend"},
+    "perf_results": set(),  # data: tuned configs and the calibration's numbers
     "cli": set(),  # the top: anything
     # other libraries' models on the ops (neuron_kernels.integrations.transformers)
     "integrations": BOTTOM | {"torch_ops"},

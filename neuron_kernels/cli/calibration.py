@@ -1,7 +1,8 @@
 """``neuron-kernels calibrate``'s inputs and files: the calibration kernels traced, the
 measurements read and checked, the table stored. The modeling, comparison and fitting are
 :mod:`neuron_kernels.cost_model.calibration`'s; this module joins them to what only the top
-layer may import (``perf_results/calibration``, the ops' specs, the tuner's hardware workers).
+layer may import (the calibration kernels in ``kernels/calibration``, the data in
+``perf_results/calibration``, the ops' specs, the tuner's hardware workers).
 
 * :func:`build_table` traces every published row (``perf_results/calibration/published.json``)
   on the interpreter and models it, then checks the ±15% bound and the published orderings.
@@ -95,7 +96,7 @@ def _np_dtype(name: str):
 
 def trace_row(row: dict, shape: dict | None = None):
     """Run a published row's calibration kernel on the interpreter, trace only."""
-    from neuron_kernels.perf_results.calibration import tutorial_matmul
+    from neuron_kernels.kernels.calibration import tutorial_matmul
 
     shape = shape or load_published()["shape"]
     dt = _np_dtype(row["dtype"])
@@ -366,8 +367,8 @@ def measure_on_hardware(
 
     from neuron_kernels.autotune.backends import MeasurementFailure
     from neuron_kernels.autotune.neff_backend import NeffRunner
+    from neuron_kernels.kernels.calibration import tutorial_matmul
     from neuron_kernels.kernels.spec import get_spec
-    from neuron_kernels.perf_results.calibration import tutorial_matmul
     from neuron_kernels.verification import assert_within_tolerance
 
     published = load_published()

@@ -1,10 +1,8 @@
-"""Cost-model calibration: AWS's published matmul-tutorial measurements (``published.json``),
-the tutorial variants rewritten as NKI kernels (``tutorial_matmul.py``), and the stored table
-of modeled vs published latency (``table.json``, ``table.md``).
-
-The kernels live here, beside the numbers they reproduce, because they exist only to produce
-that table: they are calibration fixtures, not examples to copy. Regenerate the table with
-``neuron-kernels calibrate --write``.
+"""Cost-model calibration data: AWS's published matmul-tutorial measurements
+(``published.json``) and the stored table of modeled vs published latency (``table.json``,
+``table.md``) of the tutorial variants, which live with the other kernels
+(``neuron_kernels.kernels.calibration.tutorial_matmul``). Data only. Regenerate the table
+with ``neuron-kernels calibrate --write``.
 """
 
 from pathlib import Path

@@ -84,7 +84,7 @@ def test_one_row_rederived_matches_the_table(table):
 def test_fit_recovers_a_known_parameter(tmp_path):
     """Measurements made by the model itself with dma_transfer_ns = 400 (default 211): the fit
     must find ~400 again. 5% covers the Nelder-Mead stopping tolerance, not model error."""
-    kernel = "neuron_kernels.perf_results.calibration.tutorial_matmul:matmul_tiled"
+    kernel = "neuron_kernels.kernels.calibration.tutorial_matmul:matmul_tiled"
     rows = [
         {"id": f"tiled-{k}", "kernel": kernel, "shapes": [[k, 128], [k, 512]], "dtype": "float32"}
         for k in (256, 1024)
