@@ -138,12 +138,18 @@ def test_a_kernel_module_loads_no_cost_model(stand_in):
         assert not [m for m in loaded if m.startswith("neuron_kernels.interpreter")]
 
 
-def test_importing_the_package_registers_the_ops_and_nothing_above_them():
+@pytest.mark.parametrize("stand_in", [True, False], ids=["nki-importable", "interpreter"])
+def test_importing_the_package_registers_the_ops_and_nothing_above_them(stand_in):
+    """``import neuron_kernels`` registers every op and loads no cost model, tuner, CLI or
+    optuna; where AWS's nki is importable (a Trn node: the stand-in), no interpreter either
+    (here, without nki, the interpreter is the NKI the kernel modules bind)."""
     loaded = _loaded_after(
-        "import neuron_kernels, torch\nassert torch.ops.neuron.matmul is not None", False
+        "import neuron_kernels, torch\nassert torch.ops.neuron.matmul is not None", stand_in
     )
     assert "neuron_kernels.torch_ops" in loaded
     assert not [m for m in loaded if m.startswith(NOT_ON_THE_OPS_PATH)]
+    if stand_in:
+        assert not [m for m in loaded if m.startswith("neuron_kernels.interpreter")]
 
 
 def test_the_interpreter_loads_no_cost_model():
