@@ -110,6 +110,7 @@ from neuron_kernels.kernels.counter_hash import (
     hash32,
     mul32,
 )
+from neuron_kernels.kernels.sbuf_constants import identity
 from neuron_kernels.kernels.spec import (
     DTYPES,
     ITEMSIZE,
@@ -1138,19 +1139,7 @@ def edge_biases(plan):
     ``plan.edge_bias``."""
     if not plan.edge_bias:
         return None
-    n = plan.q_tile
-    ones = nl.ndarray((n, n), dtype=nl.bfloat16, buffer=nl.sbuf, name="edge_ones")
-    nisa.memset(dst=ones, value=1.0)
-    ident = nl.ndarray((n, n), dtype=nl.bfloat16, buffer=nl.sbuf, name="edge_identity")
-    nisa.affine_select(
-        dst=ident,
-        pattern=[[-1, n]],
-        channel_multiplier=1,
-        on_true_tile=ones,
-        on_false_value=0.0,
-        cmp_op=nl.equal,
-        offset=0,
-    )
+    ident = identity(plan.q_tile, "edge_identity")
     return EdgeBias(identity=ident, offsets=[], tiles=[])
 
 

@@ -49,6 +49,7 @@ from neuron_kernels.kernels.rms_norm import (
     rows_plan,
     validate_common,
 )
+from neuron_kernels.kernels.sbuf_constants import identity
 from neuron_kernels.kernels.spec import (
     ITEMSIZE,
     OpSpec,
@@ -276,23 +277,6 @@ def _weight_parts(w, offset, plan, dtype):
         for i in range(3):  # each part onto its own partition (SBUF to SBUF)
             _dma(plan, dst=parts[i : i + 1, c0 : c0 + cs], src=staged[i])
     return parts
-
-
-def _identity(p_all):
-    """[p_all, p_all] bf16 identity (ones where partition == column)."""
-    ones = nl.ndarray((p_all, p_all), dtype=nl.bfloat16, buffer=nl.sbuf, name="ones_sq")
-    nisa.memset(dst=ones, value=1.0)
-    ident = nl.ndarray((p_all, p_all), dtype=nl.bfloat16, buffer=nl.sbuf, name="identity")
-    nisa.affine_select(
-        dst=ident,
-        pattern=[[-1, p_all]],
-        channel_multiplier=1,
-        on_true_tile=ones,
-        on_false_value=0.0,
-        cmp_op=nl.equal,
-        offset=0,
-    )
-    return ident
 
 
 def _k_and_diags(ts, j, ident, plan, dtype):
@@ -569,7 +553,7 @@ def rms_norm_bwd_kernel(dy, x, w, rstd, plan, offset):
         nisa.memset(dst=ones3, value=1.0)
     ident = None
     if plan.dx_combine == "tensor":
-        ident = _identity(p_all)
+        ident = identity(p_all)
         if x.dtype == nl.float32:
             ident32 = nl.ndarray((p_all, p_all), dtype=nl.float32, buffer=nl.sbuf, name="id32")
             nisa.tensor_copy(dst=ident32, src=ident)
