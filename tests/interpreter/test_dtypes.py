@@ -76,7 +76,7 @@ def test_normalize_rejects_non_nki_dtypes(bad):
 def test_packed_dtypes_hold_bits_and_are_no_numbers():
     """x4 tensors store their bits (uint32 for the fp8 x4 types, uint16 for fp4 x4: the MX
     deep dive's "32-bits wide" / "16-bits wide"); a numeric read of them is refused
-    (tests/interpreter/test_mx.py covers the MX instructions)."""
+    (tests/interpreter/instructions/test_mx.py covers the MX instructions)."""
 
     def kernel():
         t = nl.ndarray((4, 4), nl.float8_e4m3fn_x4, buffer=nl.sbuf)
