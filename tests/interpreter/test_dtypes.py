@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from neuron_kernels.errors import LimitError
 from neuron_kernels.interpreter import NkiValidationError, dtypes, nki, run
 
 nl, nisa = nki.language, nki.isa
@@ -272,3 +273,22 @@ def test_fresh_memory_holds_the_sentinel(dtype, sentinel):
         assert np.isnan(out).all()
     else:
         assert (out == sentinel).all()
+
+
+@pytest.mark.parametrize(
+    "text,precise",
+    [("1", True), ("true", True), ("ON", True), ("0", False), ("FALSE", False), ("off", False)],
+)
+def test_precise_fp_reads_the_spellings_users_type(text, precise, monkeypatch):
+    from neuron_kernels.interpreter.dtypes import precise_fp_from_env
+
+    monkeypatch.setenv("NKI_PRECISE_FP", text)
+    assert precise_fp_from_env() is precise
+
+
+def test_precise_fp_refuses_other_values(monkeypatch):
+    from neuron_kernels.interpreter.dtypes import precise_fp_from_env
+
+    monkeypatch.setenv("NKI_PRECISE_FP", "maybe")
+    with pytest.raises(LimitError, match="NKI_PRECISE_FP must be one of"):
+        precise_fp_from_env()
