@@ -12,8 +12,8 @@ from neuron_kernels.interpreter.trace import Instruction
 __all__ = ["COST_RULES", "ON_CHIP", "compute_cost", "tensor_cost"]
 
 # Every instruction the interpreter traces and the rule that prices it. A new instruction is
-# added here with its rule (tests/cost_model/test_cost_branches.py walks nki.isa and fails on
-# a missing entry), so nothing falls back to a default cost unnoticed. "one pass": the
+# added here with its rule (tests/cost_model/test_instruction_costs.py walks nki.isa and
+# fails on a missing entry), so nothing falls back to a default cost unnoticed. "one pass": the
 # operand's free size in cycles, the one-input rule ([arch-v2]; [isa-old]; [arch-v3]) [U].
 COST_RULES = {
     **dict.fromkeys(("dma_copy", "dma_transpose"), "DMA: bytes over queues and engines"),

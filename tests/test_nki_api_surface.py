@@ -1,7 +1,7 @@
 """Every ``nki.*``, ``nki.language.*`` and ``nki.isa.*`` attribute the project uses exists in
 the official NKI 0.6 API stubs.
 
-The stub names are the tables of ``tests/interpreter/test_namespaces.py`` (transcribed from
+The stub names are the tables of ``tests/interpreter/nki_api/test_namespaces.py`` (transcribed from
 aws-neuron/aws-neuron-sdk nki/api/nki/__init__.py, nki/api/nki/language/__init__.py and
 nki/api/nki/isa/__init__.py at snapshot 81ce03ae; nothing is vendored). This test reads the
 source of the whole package and its examples (kernels, runners, backends, the CLI, the
@@ -17,7 +17,7 @@ through it. A call to an API NKI 0.6 does not have (the old
 Trn2 node.
 
 The interpreter (``interpreter/``) is left out: it *implements* these namespaces, and
-``tests/interpreter/test_namespaces.py`` holds it to the stubs name by name.
+``tests/interpreter/nki_api/test_namespaces.py`` holds it to the stubs name by name.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ SCANNED = (
 
 
 def _stub_tables():
-    path = ROOT / "tests" / "interpreter" / "test_namespaces.py"
+    path = ROOT / "tests" / "interpreter" / "nki_api" / "test_namespaces.py"
     spec = importlib.util.spec_from_file_location("_nki_stub_tables", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

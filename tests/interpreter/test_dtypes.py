@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from neuron_kernels.errors import LimitError
 from neuron_kernels.interpreter import NkiValidationError, dtypes, nki, run
 
 nl, nisa = nki.language, nki.isa
@@ -76,7 +77,7 @@ def test_normalize_rejects_non_nki_dtypes(bad):
 def test_packed_dtypes_hold_bits_and_are_no_numbers():
     """x4 tensors store their bits (uint32 for the fp8 x4 types, uint16 for fp4 x4: the MX
     deep dive's "32-bits wide" / "16-bits wide"); a numeric read of them is refused
-    (tests/interpreter/test_mx.py covers the MX instructions)."""
+    (tests/interpreter/instructions/test_mx.py covers the MX instructions)."""
 
     def kernel():
         t = nl.ndarray((4, 4), nl.float8_e4m3fn_x4, buffer=nl.sbuf)
@@ -272,3 +273,22 @@ def test_fresh_memory_holds_the_sentinel(dtype, sentinel):
         assert np.isnan(out).all()
     else:
         assert (out == sentinel).all()
+
+
+@pytest.mark.parametrize(
+    "text,precise",
+    [("1", True), ("true", True), ("ON", True), ("0", False), ("FALSE", False), ("off", False)],
+)
+def test_precise_fp_reads_the_spellings_users_type(text, precise, monkeypatch):
+    from neuron_kernels.interpreter.dtypes import precise_fp_from_env
+
+    monkeypatch.setenv("NKI_PRECISE_FP", text)
+    assert precise_fp_from_env() is precise
+
+
+def test_precise_fp_refuses_other_values(monkeypatch):
+    from neuron_kernels.interpreter.dtypes import precise_fp_from_env
+
+    monkeypatch.setenv("NKI_PRECISE_FP", "maybe")
+    with pytest.raises(LimitError, match="NKI_PRECISE_FP must be one of"):
+        precise_fp_from_env()

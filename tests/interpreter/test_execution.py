@@ -369,3 +369,42 @@ def test_spmd_and_loop_argument_rules(call, arg):
     with pytest.raises(NkiValidationError) as info:
         run(nki.jit(kernel)[2], (np.zeros((1, 1), np.float32),))
     assert info.value.arg == arg
+
+
+# Kernel results: a container (tuple, list, dict) of outputs is returned as such; an
+# on-chip tile inside one is refused naming its place in the container.
+
+
+def _copy_to(x, buffer):
+    t = nl.ndarray(x.shape, x.dtype, buffer=buffer)
+    nisa.dma_copy(dst=t, src=x)
+    return t
+
+
+@pytest.mark.parametrize(
+    "wrap,path",
+    [
+        (lambda t, o: (o, t), "1"),
+        (lambda t, o: [o, [t]], "1[0]"),
+        (lambda t, o: {"out": o, "tile": t}, "'tile'"),
+    ],
+    ids=["tuple", "nested-list", "dict"],
+)
+def test_a_container_holding_an_on_chip_tile_is_refused(wrap, path):
+    def kernel(x):
+        return wrap(_copy_to(x, nl.sbuf), _copy_to(x, nl.shared_hbm))
+
+    with pytest.raises(NkiValidationError) as info:
+        run(kernel, (np.zeros((2, 2), np.float32),))
+    assert info.value.arg.startswith(f"returned tensor {path} (")
+    assert info.value.value == "sbuf"
+
+
+def test_containers_of_hbm_outputs_come_back_with_their_values():
+    def kernel(x):
+        return {"a": _copy_to(x, nl.shared_hbm), "b": [_copy_to(x, nl.shared_hbm)]}
+
+    x = np.arange(4, dtype=np.float32).reshape(2, 2)
+    out = run(kernel, (x,)).outputs
+    np.testing.assert_array_equal(out["a"], x)
+    np.testing.assert_array_equal(out["b"][0], x)

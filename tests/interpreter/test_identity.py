@@ -129,3 +129,16 @@ def test_jitted_kernel_and_unchanged_helper():
     kernel = nki.jit(_copy_scaled)
     np.testing.assert_array_equal(kernel(X, 2.0), 2 * X)
     np.testing.assert_array_equal(kernel(X, None), X)
+
+
+@nki.jit
+def aliasing_check_kernel(x, y):
+    if x is y:  # identity of two tensors: no trace-time meaning, refused
+        return None
+    return None
+
+
+def test_tensor_identity_is_still_refused():
+    a = np.zeros((2, 2), np.float32)
+    with pytest.raises(NkiValidationError, match="'is' at .*test_identity.py:"):
+        aliasing_check_kernel(a, a + 1)

@@ -219,3 +219,48 @@ def test_dynamic_select_with_a_register_reads_the_row_at_run_time():
     data = RNG.standard_normal((6, 5)).astype(np.float32)
     got = run(kernel, (data,)).outputs
     np.testing.assert_array_equal(got[:, 0, :], data[[0, 2, 4]])
+
+
+# Kernels in aws-neuron/nki-library's style (written after reading its kernels and the nisa
+# docstring examples, not copied): an embedding gather by ``.ap(vector_offset=...)`` with a plain
+# (no ``@dataclass``) NKIObject config whose optional ``scale`` is tested with ``is not None``. The
+# gather moves bits: exact.
+
+
+class GatherConfig(nl.NKIObject):  # no @dataclass: the language guide's other form
+    tokens_per_tile: int = 128
+    scale: float = None
+
+
+def _load(src, rows, cols, dtype):
+    """A helper, as nki-library factors DMA loads out of its kernels."""
+    tile = nl.ndarray((rows, cols), dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=src)
+    return tile
+
+
+@nki.jit
+def embedding_kernel(table, token_ids, config):
+    t, d = token_ids.shape[0], table.shape[1]
+    out = nl.ndarray((t, d), table.dtype, buffer=nl.shared_hbm)
+    for start in range(0, t, config.tokens_per_tile):
+        p = min(config.tokens_per_tile, t - start)
+        ids = _load(token_ids[start : start + p, :], p, 1, nl.int32)
+        rows = nl.ndarray((p, d), table.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(
+            dst=rows, src=table.ap(pattern=[[d, p], [1, d]], vector_offset=ids, indirect_dim=0)
+        )
+        if config.scale is not None:
+            nisa.tensor_scalar(dst=rows, data=rows, op0=nl.multiply, operand0=config.scale)
+        nisa.dma_copy(dst=out[start : start + p, :], src=rows)
+    return out
+
+
+@pytest.mark.parametrize("scale", [None, 0.5])
+def test_embedding_gather(scale):
+    table = RNG.standard_normal((1000, 48)).astype(np.float32)
+    ids = RNG.integers(0, 1000, (300, 1)).astype(np.int32)
+    config = GatherConfig(scale=scale)  # tokens_per_tile from the class default
+    got = embedding_kernel(table, ids, config)
+    want = table[ids[:, 0]] * (1.0 if scale is None else np.float32(scale))
+    np.testing.assert_array_equal(got, want)

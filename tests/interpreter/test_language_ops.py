@@ -7,10 +7,10 @@ release-notes/components/nki.rst (known issues: no broadcasting, no scalar expon
 on GpSimd without PSUM input; 0.6: ``nl.copy`` on VectorE, bit-exact).
 
 Tolerances (fixed before looking at results): element-wise wrappers issue one instruction
-and are exact against the rounded float64 result, as in test_vector.py; activations get 2
-fp32 ulps (test_scalar.py); ``nl.sin``/``nl.cos`` reduce the angle with a two-part 2*pi
-(about 2**-24 * |x| of absolute error in the reduced angle) then evaluate sin:
-``4 * 2**-24 * (1 + |x|)``; sums over n elements ``n * 2**-24 * sum|x|``.
+and are exact against the rounded float64 result, as in instructions/test_vector.py;
+activations get 2 fp32 ulps (instructions/test_scalar.py); ``nl.sin``/``nl.cos`` reduce the
+angle with a two-part 2*pi (about 2**-24 * |x| of absolute error in the reduced angle) then
+evaluate sin: ``4 * 2**-24 * (1 + |x|)``; sums over n elements ``n * 2**-24 * sum|x|``.
 """
 
 from __future__ import annotations

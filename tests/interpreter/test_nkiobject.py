@@ -99,3 +99,72 @@ def scale_rows(x, plan):
 def test_objects_pass_as_kernel_arguments(plan):
     x = np.arange(16, dtype=np.float32).reshape(4, 4)
     np.testing.assert_array_equal(run(scale_rows, (x, plan)).outputs, 3.0 * x)
+
+
+# Kernels in aws-neuron/nki-library's style (written after reading its kernels and the nisa
+# docstring examples, not copied): a frozen ``@dataclass`` NKIObject config as an optional argument
+# (``is None``), an optional weight (``is not None``) broadcast across partitions with
+# ``nl.broadcast_to``, and a helper in the same module. Tolerance, chosen before running: RMSNorm in
+# fp32 is a 64-term fp32 sum of squares (about 64 * 2**-24 relative), one rsqrt and two products, so
+# ``rtol=2e-5, atol=1e-6``.
+
+RNG = np.random.default_rng(2026)
+
+
+@dataclass(frozen=True)
+class NormConfig(nl.NKIObject):
+    eps: float = 1e-6
+    rows_per_tile: int = 128
+
+
+def _load(src, rows, cols, dtype):
+    """A helper, as nki-library factors DMA loads out of its kernels."""
+    tile = nl.ndarray((rows, cols), dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=src)
+    return tile
+
+
+@nki.jit
+def rmsnorm_kernel(x, gamma=None, config=None):
+    if config is None:
+        config = NormConfig()
+    n, h = x.shape
+    out = nl.ndarray((n, h), x.dtype, buffer=nl.shared_hbm)
+    g = None
+    if gamma is not None:
+        row = _load(gamma, 1, h, gamma.dtype)
+        g = nl.broadcast_to(row, (config.rows_per_tile, h))
+    for r in range(0, n, config.rows_per_tile):
+        p = min(config.rows_per_tile, n - r)
+        t = _load(x[r : r + p, :], p, h, nl.float32)
+        sq = nl.ndarray((p, h), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sq, data1=t, data2=t, op=nl.multiply)
+        ms = nl.ndarray((p, 1), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=ms, op=nl.add, data=sq, axis=1, keepdims=True)
+        nisa.tensor_scalar(
+            dst=ms, data=ms, op0=nl.multiply, operand0=1.0 / h, op1=nl.add, operand1=config.eps
+        )
+        inv = nl.ndarray((p, 1), nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=inv, op=nl.rsqrt, data=ms)
+        y = nl.ndarray((p, h), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=t, op0=nl.multiply, operand0=inv)
+        if g is not None:
+            nisa.tensor_tensor(dst=y, data1=y, data2=g[0:p, :], op=nl.multiply)
+        nisa.dma_copy(dst=out[r : r + p, :], src=y)
+    return out
+
+
+def _rmsnorm_ref(x, gamma, eps):
+    x64 = x.astype(np.float64)
+    y = x64 / np.sqrt((x64**2).mean(axis=1, keepdims=True) + eps)
+    return y if gamma is None else y * gamma.astype(np.float64)
+
+
+@pytest.mark.parametrize("with_gamma", [False, True])
+@pytest.mark.parametrize("config", [None, NormConfig(eps=1e-3, rows_per_tile=64)])
+def test_rmsnorm_optional_weight_and_config(with_gamma, config):
+    x = RNG.standard_normal((200, 64)).astype(np.float32)
+    gamma = RNG.standard_normal((1, 64)).astype(np.float32) if with_gamma else None
+    got = rmsnorm_kernel(x, gamma, config)
+    eps = (config or NormConfig()).eps
+    np.testing.assert_allclose(got, _rmsnorm_ref(x, gamma, eps), rtol=2e-5, atol=1e-6)

@@ -1,7 +1,7 @@
 """The table of unimplemented NKI 0.6 APIs (interpreter/unimplemented.py) against the
 namespaces and the README.
 
-The stub names come from test_namespaces.py, transcribed from aws-neuron/aws-neuron-sdk
+The stub names come from nki_api/test_namespaces.py, transcribed from aws-neuron/aws-neuron-sdk
 nki/api/nki/{__init__,isa/__init__,language/__init__}.py (snapshot 81ce03ae). What this
 proves: every stub API the interpreter refuses is in the table with a reason, every table
 entry is refused with that reason in the error, and the README's "Where the interpreter

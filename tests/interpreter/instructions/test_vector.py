@@ -19,6 +19,7 @@ Tolerances (fixed before looking at results):
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from _compute_helpers import (
     F32,
     FLOATS,
@@ -47,6 +48,8 @@ from _compute_helpers import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from neuron_kernels.interpreter import NkiValidationError, run
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -270,6 +273,35 @@ def test_memset_limits():
         op="nisa.memset",
         arg="engine",
     )
+
+
+@pytest.mark.parametrize(
+    "dtype,value",
+    [("int8", 300), ("int8", -129), ("uint8", -1), ("int32", 2**31), ("bfloat16", 1e39)],
+)
+def test_memset_refuses_a_value_the_dtype_cannot_hold(dtype, value):
+    def kernel(x):
+        t = nl.ndarray((2, 2), getattr(nl, dtype), buffer=nl.sbuf)
+        nisa.memset(dst=t, value=value)
+        return x
+
+    with pytest.raises(NkiValidationError) as info:
+        run(kernel, (np.zeros((2, 2), np.float32),))
+    assert (info.value.op, info.value.arg) == ("nisa.memset", "value")
+    assert "range" in info.value.rule
+
+
+@pytest.mark.parametrize("dtype,value", [("int8", 127), ("int8", -128), ("float32", -np.inf)])
+def test_memset_keeps_values_in_range(dtype, value):
+    def kernel(x):
+        t = nl.ndarray((2, 2), getattr(nl, dtype), buffer=nl.sbuf)
+        nisa.memset(dst=t, value=value)
+        o = nl.ndarray((2, 2), getattr(nl, dtype), buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=t)
+        return o
+
+    out = run(kernel, (np.zeros((2, 2), np.float32),)).outputs
+    assert (np.asarray(out, dtype=np.float64) == value).all()
 
 
 # -- tensor_tensor --------------------------------------------------------------------------------------
