@@ -254,6 +254,8 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     psum_banks: int
     packed: bool = False  # dout, q, k, v, out and the gradients in [B, S, heads, D] rows
     runtime_bounds: str = ""  # run-time key bounds per query row (the forward's plan field)
+    hwdge: bool = False  # row loads and gradient stores on SyncE's hardware DGE queues (v3+)
+    t_group: int = 1  # row tiles whose PE transposes (both sides: K and V, Q and dO) share a bank
 
 
 def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Target, lnc: int = 1):
@@ -336,6 +338,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     if bounded:  # the bounds, and each pair's scaled scores masked in SBUF before the exp
         sbuf += bounds_bytes(bounded, sq, tq) + (lag + 1) * keys * 4
 
+    # PE transposes of the loads write the input dtype to PSUM from NeuronCore-v3 (fp32
+    # before): a bank holds t_group row tiles of both sides, transposed.
+    psum_item = item if target.has_transpose_mode else 4
     # PSUM: S and dP (one bank, side by side); dQ's sum; dK's and dV's sums (a block's, or
     # one pair's partials); the dS^T of a PE transpose; one bank for the PE transposes of
     # the loads.
@@ -377,6 +382,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         psum_banks=banks,
         packed=bool(problem.get("packed", False)),
         runtime_bounds=bounded,
+        hwdge=target.has_hwdge,
+        t_group=max(1, target.psum_bank_bytes // (2 * d_chunks * tq * psum_item)),
     )
 
 
@@ -445,20 +452,24 @@ class QueryPass(nl.NKIObject):
     h: int = 0  # the query head
     feat: object = None  # ScoreInputs (attention mask, dropout), None without them
     row_key: object = None  # [tq, n_tiles] int32 dropout row keys, None without dropout
+    groups: list = None  # (first live index, count) of consecutive live tiles prepared together
 
 
 @dataclass
 class KeyTile(nl.NKIObject):
     """One key tile's SBUF tiles, from its row loads (:func:`_load_kv_rows`) and transposes
-    (:func:`_transpose_kv`) to the last tile pair that reads it."""
+    (:func:`_transpose_kv`) to the last tile pair that reads it. The rows and transposes
+    are slot ``slot`` of its key block's tensors (one DMA per block and side)."""
 
-    k: object  # [tk, D] K rows (the moving operand of dQ += dS K)
-    v: object  # [tk, D] V rows (what V^T's PE transposes read)
-    k_t: object  # [d_tile, d_chunks, tk] K^T, D on partitions (S = Q K^T)
-    v_t: object  # [d_tile, d_chunks, tk] V^T (dP = dO V^T)
+    k: object  # [tk, block tiles, D] K rows, this tile's at [:, slot, :] (dQ += dS K moves it)
+    v: object  # [tk, block tiles, D] V rows (what V^T's PE transposes read)
+    k_t: object  # [d_tile, d_chunks, block tiles * tk] K^T, this tile's columns from c0
+    v_t: object  # [d_tile, d_chunks, block tiles * tk] V^T (dP = dO V^T)
     k_src: object  # its K rows in HBM (what DMA transposes read)
     v_src: object  # its V rows in HBM
     n: int  # keys in the tile: tile_k, or fewer at the end of Sk
+    slot: int = 0  # the tile within its block's tensors
+    c0: int = 0  # its first column of k_t and v_t (slot * tile_k)
 
 
 @dataclass
@@ -506,22 +517,58 @@ class PairTiles(nl.NKIObject):
     ds_t: object  # [tk, tq] dS^T: made in stage 2 for stage 3, None before
 
 
+def _dma(dst, src, plan):
+    """One HBM <-> SBUF copy: on SyncE's hardware DGE queue where the target has one
+    (NeuronCore-v3+; nki/api/nki/isa dma_copy: ``dge_mode``, ``engine``), so the bulk row
+    loads and gradient stores neither take GpSimd's instruction slots (a software DGE
+    trigger each) nor queue in front of the dS^T DMA transposes, which stay on GpSimd's
+    queue (a direct DMA transpose takes only ``unknown`` or a 16-row ``hwdge`` source)."""
+    if plan.hwdge:
+        nisa.dma_copy(dst=dst, src=src, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.sync)
+    else:
+        nisa.dma_copy(dst=dst, src=src)
+
+
 def _load_rows(src, rows_dst, plan):
     """DMA ``src [n, D]`` (HBM) into ``rows_dst [n, D]`` (SBUF)."""
-    nisa.dma_copy(dst=rows_dst, src=src)
+    _dma(rows_dst, src, plan)
 
 
-def _transpose_rows(src, rows, t_dst, n, plan, psum_dtype):
-    """Fill the D-chunk views ``t_dst[c] [d_tile, n]`` with the transpose of ``src [n, D]``:
-    DMA transposes from HBM, or PE transposes of the SBUF ``rows`` through PSUM."""
-    d, dt = plan.d, plan.d_tile
-    for c, (d0, dcs) in enumerate(tiled(d, dt)):
-        if plan.transpose == "dma":
-            nisa.dma_transpose(dst=t_dst[c][0:dcs, 0:n], src=src[0:n, d0 : d0 + dcs])
+def _tile_runs(tiles, full, longest=0, ragged=False):
+    """Runs ``(first index, count, rows of its last)`` of consecutive ``(index, rows)``
+    entries of ``tiles`` (in increasing index order) whose rows are ``full`` (a sequence's
+    last tile may be shorter: with ``ragged`` it may end a run, else it is a run of its
+    own), at most ``longest`` entries each (0: no limit). One DMA (or one PSUM tile of
+    transposes) takes each run."""
+    runs = []
+    for i, n in tiles:
+        extend = len(runs) > 0 and runs[-1][2] == full and runs[-1][0] + runs[-1][1] == i
+        if n != full and not ragged:
+            extend = False
+        if extend and longest > 0 and runs[-1][1] >= longest:
+            extend = False
+        if extend:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
         else:
-            tp = nl.ndarray((dcs, n), dtype=psum_dtype, buffer=nl.psum, name="load_t")
-            nisa.nc_transpose(dst=tp, data=rows[0:n, d0 : d0 + dcs])
-            nisa.tensor_copy(dst=t_dst[c][0:dcs, 0:n], src=tp)
+            runs.append((i, 1, n))
+    return runs
+
+
+def _tiled_rows(rows, r0, n_tiles, tile, n_last):
+    """The ``[tile, n_tiles, F]`` view (row ``r0 + u * tile + p`` at ``[p, u, :]``) of the 2-D
+    HBM view ``rows [R, F]``; a single tile of ``n_last`` rows stays ``[n_last, F]``."""
+    if n_tiles == 1:
+        return rows[r0 : r0 + n_last, :]
+    f = rows.shape[1]
+    return rows[r0 : r0 + n_tiles * tile, :].reshape((n_tiles, tile, f)).permute((1, 0, 2))
+
+
+def _transpose_rows(src, t_dst, n, plan):
+    """Fill the D-chunk views ``t_dst[c] [d_tile, n]`` with the transpose of ``src [n, D]``
+    (HBM) by DMA transposes (``transpose="dma"``; PE transposes go by
+    :func:`_transpose_group`)."""
+    for c, (d0, dcs) in enumerate(tiled(plan.d, plan.d_tile)):
+        nisa.dma_transpose(dst=t_dst[c][0:dcs, 0:n], src=src[0:n, d0 : d0 + dcs])
 
 
 def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
@@ -548,7 +595,7 @@ def _tanh_scores(qs, kv, pair, scale, plan):
     key block's pairs at once: see the kernel's loop)."""
     n_q, n_k = pair.n_q, pair.n_k
     s_ps = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.psum, name="s_cap")
-    matmul_over_d(s_ps[0:n_q, 0:n_k], qs.q_t, pair.t * plan.tile_q, n_q, kv.k_t, 0, n_k, plan)
+    matmul_over_d(s_ps[0:n_q, 0:n_k], qs.q_t, pair.t * plan.tile_q, n_q, kv.k_t, kv.c0, n_k, plan)
     tanh_s = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
     nisa.activation(
         dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=s_ps[0:n_q, 0:n_k], scale=scale / plan.softcap
@@ -575,7 +622,7 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None):
         src, exp_scale = tanh_s[0:n_q, 0:n_k], plan.softcap
     else:
         s = s_dp[:, 0, :]
-        matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
+        matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, kv.c0, n_k, plan)
         if plan.mask_row:  # the mask's bias row added to S in PSUM (TensorE)
             add_row_mask(s[0:n_q, 0:n_k], qs.feat, qs.h, n_q, pair.k0, n_k, plan)
         src, exp_scale = s[0:n_q, 0:n_k], scale
@@ -610,7 +657,7 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None):
             dst=p[0:n_q, 0:n_k], src=0.0, predicate=mask_t, reverse_pred=True
         )
     dp = s_dp[:, 1, :]
-    matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, 0, n_k, plan)
+    matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, kv.c0, n_k, plan)
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
     neg_d = qs.neg_dvec[0:n_q, t : t + 1]
     if plan.dropout:
@@ -789,7 +836,7 @@ def _q_grads(st, kv, pair, first, last, sums, dq_dst, scale, plan):
     nisa.nc_matmul(
         dst=sums.dq_ps[0:n_q, :],
         stationary=st.ds_t[0:n_k, 0:n_q],
-        moving=kv.k[0:n_k, :],
+        moving=kv.k[0:n_k, kv.slot, :],
         accumulate=not first,
     )
     if not last:
@@ -846,50 +893,90 @@ def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan, bounds=N
         qs.live.append((t, n_q))
         qs.q_src.append(q[b, h, q0 : q0 + n_q, :])
         qs.do_src.append(dout[b, h, q0 : q0 + n_q, :])
-        _load_rows(q[b, h, q0 : q0 + n_q, :], qs.q[0:n_q, t, :], plan)
-        _load_rows(dout[b, h, q0 : q0 + n_q, :], qs.do[0:n_q, t, :], plan)
-        _load_rows(out[b, h, q0 : q0 + n_q, :], qs.o[0:n_q, t, :], plan)
-        nisa.dma_copy(dst=qs.neg_lse[0:n_q, t : t + 1], src=lse[b, h, q0 : q0 + n_q])
         if plan.dropout:
             load_row_keys(qs.row_key[0:n_q, t : t + 1], feat, h, q0, n_q)
+    # Q, dO and O rows and lse: one DMA per run of consecutive live tiles each (a DMA's
+    # fixed cost is paid per DMA and engine, not per tile).
+    r_pass = p0 * tq
+    qs.groups = []
+    a = 0
+    for _, nt, _ in _tile_runs(qs.live, tq, plan.t_group, True):
+        qs.groups.append((a, nt))
+        a += nt
+    for t0, nt, n_last in _tile_runs(qs.live, tq):
+        r0 = r_pass + t0 * tq
+        n_rows = n_last if nt == 1 else tq
+        for src, dst in ((q, qs.q), (dout, qs.do), (out, qs.o)):
+            rows = _tiled_rows(src[b, h], r0, nt, tq, n_last)
+            if nt == 1:
+                _load_rows(rows, dst[0:n_rows, t0, :], plan)
+            else:
+                _load_rows(rows, dst[:, t0 : t0 + nt, :], plan)
+        if nt == 1:
+            _dma(qs.neg_lse[0:n_rows, t0 : t0 + 1], lse[b, h, r0 : r0 + n_rows], plan)
+        else:
+            lse_rows = lse[b, h, r0 : r0 + nt * tq].reshape((nt, tq)).permute((1, 0))
+            _dma(qs.neg_lse[:, t0 : t0 + nt], lse_rows, plan)
     return qs
 
 
 def _query_pass_prepare(qs, plan, psum_dtype):
     """Phase 2 of a query pass, once its rows have arrived: Q^T and dO^T, ``-lse`` and
-    ``-D = -rowsum(dO * O)`` columns."""
+    ``-D = -rowsum(dO * O)`` columns, group by group (:func:`_prepare_group`)."""
+    for g in range(len(qs.groups)):
+        _prepare_group(qs, g, plan, psum_dtype)
+
+
+def _prepare_group(qs, g, plan, psum_dtype):
+    """:func:`_query_pass_prepare` of the pass's ``g``-th group of consecutive live tiles
+    (``qs.groups``: as many as one PSUM bank of transposes holds; the kernel spreads the
+    next pass's groups over this pass's tile pairs)."""
     tq, d = plan.tile_q, plan.d
-    for a in range(len(qs.live)):
-        t, n_q = qs.live[a]
-        q_tv, do_tv = [], []
-        for c in range(plan.d_chunks):
-            q_tv.append(qs.q_t[:, c, t * tq : t * tq + n_q])
-            do_tv.append(qs.do_t[:, c, t * tq : t * tq + n_q])
-        q_rows, do_rows = qs.q[0:n_q, t, :], qs.do[0:n_q, t, :]
-        _transpose_rows(qs.q_src[a], q_rows, q_tv, n_q, plan, psum_dtype)
-        _transpose_rows(qs.do_src[a], do_rows, do_tv, n_q, plan, psum_dtype)
-        nisa.tensor_scalar(
-            dst=qs.neg_lse[0:n_q, t : t + 1],
-            data=qs.neg_lse[0:n_q, t : t + 1],
-            op0=nl.multiply,
-            operand0=-1.0,
+    a0, na = qs.groups[g]
+    t0 = qs.live[a0][0]
+    n_last = qs.live[a0 + na - 1][1]
+    if plan.transpose == "dma":
+        for a in range(a0, a0 + na):
+            t, n_q = qs.live[a]
+            q_tv, do_tv = [], []
+            for c in range(plan.d_chunks):
+                q_tv.append(qs.q_t[:, c, t * tq : t * tq + n_q])
+                do_tv.append(qs.do_t[:, c, t * tq : t * tq + n_q])
+            _transpose_rows(qs.q_src[a], q_tv, n_q, plan)
+            _transpose_rows(qs.do_src[a], do_tv, n_q, plan)
+    else:
+        sides = ((qs.q, qs.q_t), (qs.do, qs.do_t))
+        _transpose_group(sides, t0, na, n_last, tq, plan, psum_dtype)
+    # -lse, and -D = -rowsum(dO * O): one instruction each for the group's full tiles
+    spans = [(t0, na, tq)]
+    if n_last < tq:
+        spans = [(t0, na - 1, tq), (t0 + na - 1, 1, n_last)]
+    for u0, nu, n_q in spans:
+        if nu == 0:
+            continue
+        lse_cols = qs.neg_lse[0:n_q, u0 : u0 + nu]
+        nisa.tensor_scalar(dst=lse_cols, data=lse_cols, op0=nl.multiply, operand0=-1.0)
+        prod = nl.ndarray((tq, nu, d), dtype=nl.float32, buffer=nl.sbuf, name="do_o")
+        nisa.tensor_tensor(
+            dst=prod[0:n_q, :, :],
+            data1=qs.do[0:n_q, u0 : u0 + nu, :],
+            data2=qs.o[0:n_q, u0 : u0 + nu, :],
+            op=nl.multiply,
         )
+        nisa.tensor_reduce(
+            dst=qs.neg_dvec[0:n_q, u0 : u0 + nu],
+            op=nl.add,
+            data=prod[0:n_q, :, :],
+            axis=2,
+            negate=True,
+        )
+    for a in range(a0, a0 + na):
+        t, n_q = qs.live[a]
         if plan.mask:  # rows the mask leaves with no key (lse = -inf): P = exp(. - 3e38) = 0
             dead = dead_rows_column(qs.neg_lse[0:n_q, t : t + 1], n_q)
             nisa.tensor_copy_predicated(
                 dst=qs.neg_lse[0:n_q, t : t + 1], src=DEAD_ROW_BIAS, predicate=dead
             )
-        prod = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.sbuf, name="do_o")
-        nisa.tensor_tensor(
-            dst=prod[0:n_q, :], data1=do_rows, data2=qs.o[0:n_q, t, :], op=nl.multiply
-        )
-        nisa.tensor_reduce(
-            dst=qs.neg_dvec[0:n_q, t : t + 1],
-            op=nl.add,
-            data=prod[0:n_q, :],
-            axis=1,
-            negate=True,
-        )
         if qs.sink is not None:
             _dsink_rows(qs, a, t, n_q)
 
@@ -908,49 +995,107 @@ def _dsink_rows(qs, a, t, n_q):
     nisa.dma_copy(dst=qs.dsink_dst[a], src=part)
 
 
-def _load_kv_rows(k, v, b, hk, j, plan):
-    """Phase 1 of loading key tile ``j``: its K and V rows by DMA (and, with DMA transposes,
-    K^T and V^T too). Returns the tile's :class:`KeyTile`."""
+def _load_kv_rows(k, v, b, hk, j0, n_j, plan):
+    """Phase 1 of loading key tiles ``j0 .. j0 + n_j - 1`` (a key block): their K and V
+    rows, one DMA per side for the block's full tiles (and, with DMA transposes, K^T and
+    V^T too). Returns the tiles' :class:`KeyTile` s."""
     tk, d = plan.tile_k, plan.d
-    k0 = j * tk
-    n_k = min(tk, plan.sk - k0)
-    kv = KeyTile(
-        k=nl.ndarray((tk, d), dtype=k.dtype, buffer=nl.sbuf, name="k_rows"),
-        v=nl.ndarray((tk, d), dtype=v.dtype, buffer=nl.sbuf, name="v_rows"),
-        k_t=nl.ndarray((plan.d_tile, plan.d_chunks, tk), dtype=k.dtype, buffer=nl.sbuf),
-        v_t=nl.ndarray((plan.d_tile, plan.d_chunks, tk), dtype=v.dtype, buffer=nl.sbuf),
-        k_src=k[b, hk, k0 : k0 + n_k, :],
-        v_src=v[b, hk, k0 : k0 + n_k, :],
-        n=n_k,
-    )
-    _load_rows(kv.k_src, kv.k[0:n_k, :], plan)
+    k_rows = nl.ndarray((tk, n_j, d), dtype=k.dtype, buffer=nl.sbuf, name="k_rows")
+    v_rows = nl.ndarray((tk, n_j, d), dtype=v.dtype, buffer=nl.sbuf, name="v_rows")
+    k_t = nl.ndarray((plan.d_tile, plan.d_chunks, n_j * tk), dtype=k.dtype, buffer=nl.sbuf)
+    v_t = nl.ndarray((plan.d_tile, plan.d_chunks, n_j * tk), dtype=v.dtype, buffer=nl.sbuf)
+    tiles, sizes = [], []
+    for u in range(n_j):
+        k0 = (j0 + u) * tk
+        n_k = min(tk, plan.sk - k0)
+        kv = KeyTile(
+            k=k_rows,
+            v=v_rows,
+            k_t=k_t,
+            v_t=v_t,
+            k_src=k[b, hk, k0 : k0 + n_k, :],
+            v_src=v[b, hk, k0 : k0 + n_k, :],
+            n=n_k,
+            slot=u,
+            c0=u * tk,
+        )
+        tiles.append(kv)
+        sizes.append((u, n_k))
+    sides = [(k, k_rows)]
     if plan.transpose != "dma":
-        _load_rows(kv.v_src, kv.v[0:n_k, :], plan)
-    else:
-        _transpose_kv(kv, plan, None)
-    return kv
+        sides.append((v, v_rows))
+    for u0, nu, n_last in _tile_runs(sizes, tk):
+        for src, rows in sides:
+            view = _tiled_rows(src[b, hk], (j0 + u0) * tk, nu, tk, n_last)
+            if nu == 1:
+                _load_rows(view, rows[0:n_last, u0, :], plan)
+            else:
+                _load_rows(view, rows[:, u0 : u0 + nu, :], plan)
+    if plan.transpose == "dma":
+        for kv in tiles:
+            _transpose_kv([kv], plan, None)
+    return tiles
 
 
-def _transpose_kv(kv, plan, psum_dtype):
-    """Phase 2 of loading a key tile: K^T and V^T (issued once its rows have arrived)."""
-    n_k = kv.n
-    k_tv, v_tv = [], []
-    for c in range(plan.d_chunks):
-        k_tv.append(kv.k_t[:, c, 0:n_k])
-        v_tv.append(kv.v_t[:, c, 0:n_k])
-    _transpose_rows(kv.k_src, kv.k[0:n_k, :], k_tv, n_k, plan, psum_dtype)
-    _transpose_rows(kv.v_src, kv.v[0:n_k, :], v_tv, n_k, plan, psum_dtype)
+def _transpose_kv(tiles, plan, psum_dtype):
+    """Phase 2 of loading key tiles (of one block, in slot order): K^T and V^T, issued once
+    their rows have arrived: DMA transposes from HBM, or PE transposes of the rows, as many
+    tiles at a time as one PSUM bank holds (:func:`_transpose_group`)."""
+    if plan.transpose == "dma":
+        for kv in tiles:
+            k_tv, v_tv = [], []
+            for c in range(plan.d_chunks):
+                k_tv.append(kv.k_t[:, c, kv.c0 : kv.c0 + kv.n])
+                v_tv.append(kv.v_t[:, c, kv.c0 : kv.c0 + kv.n])
+            _transpose_rows(kv.k_src, k_tv, kv.n, plan)
+            _transpose_rows(kv.v_src, v_tv, kv.n, plan)
+        return
+    kv0 = tiles[0]
+    sizes = []
+    for kv in tiles:
+        sizes.append((kv.slot, kv.n))
+    sides = ((kv0.k, kv0.k_t), (kv0.v, kv0.v_t))
+    for u0, nu, n_last in _tile_runs(sizes, plan.tile_k, plan.t_group, True):
+        _transpose_group(sides, u0, nu, n_last, plan.tile_k, plan, psum_dtype)
+
+
+def _transpose_group(sides, u0, nu, n_last, tile, plan, psum_dtype):
+    """PE transposes of tiles ``u0 .. u0 + nu - 1`` (all ``tile`` rows but the last, with
+    ``n_last``) of each ``(rows [tile, tiles, D], dst [d_tile, d_chunks, tiles * tile])``
+    of ``sides`` (2 sides: K and V, or Q and dO) into one PSUM tile, evacuated by one copy
+    per side and D chunk (VectorE; ScalarE when ``plan.elementwise`` is "vector"). One
+    bank holds ``plan.t_group`` tiles of both sides: a handful of transposes run back to
+    back into it, not one bank rotation (and one small copy) per transpose."""
+    dt, dc = plan.d_tile, plan.d_chunks
+    tp = nl.ndarray((dt, 2 * dc, nu * tile), dtype=psum_dtype, buffer=nl.psum, name="load_t")
+    cols = (nu - 1) * tile + n_last
+    for s, (rows, _) in enumerate(sides):
+        for u in range(nu):
+            n = tile if u < nu - 1 else n_last
+            for c, (d0, dcs) in enumerate(tiled(plan.d, dt)):
+                nisa.nc_transpose(
+                    dst=tp[0:dcs, s * dc + c, u * tile : u * tile + n],
+                    data=rows[0:n, u0 + u, d0 : d0 + dcs],
+                )
+    for s, (_, dst) in enumerate(sides):
+        for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
+            out = dst[0:dcs, c, u0 * tile : u0 * tile + cols]
+            nisa.tensor_copy(dst=out, src=tp[0:dcs, s * dc + c, 0:cols])
 
 
 def _load_kv_block(k, v, b, hk, jb, kv_tiles, n_kt, plan, psum_dtype, phases):
     """Load the key tiles of block ``jb`` into ``kv_tiles``: ``phases`` 1 = rows (DMA),
     2 = transposes, 3 = both."""
     j0, n_j = tiled(n_kt, plan.kv_block)[jb]
-    for j in range(j0, j0 + n_j):
-        if phases != 2:
-            kv_tiles[j] = _load_kv_rows(k, v, b, hk, j, plan)
-        if phases != 1 and plan.transpose != "dma":
-            _transpose_kv(kv_tiles[j], plan, psum_dtype)
+    if phases != 2:
+        tiles = _load_kv_rows(k, v, b, hk, j0, n_j, plan)
+        for u in range(n_j):
+            kv_tiles[j0 + u] = tiles[u]
+    if phases != 1 and plan.transpose != "dma":
+        tiles = []
+        for j in range(j0, j0 + n_j):
+            tiles.append(kv_tiles[j])
+        _transpose_kv(tiles, plan, psum_dtype)
 
 
 def _store_scaled(dst, acc, n, scale, d):
@@ -1081,12 +1226,9 @@ def flash_attention_bwd_kernel(
         )
         kv_all = None
         if not kv_outer:  # every key tile of the head stays in SBUF
-            kv_all = [None] * n_kt
-            for j in range(n_kt):
-                kv_all[j] = _load_kv_rows(k, v, b, hk, j, plan)
-            for j in range(n_kt):
-                if plan.transpose != "dma":
-                    _transpose_kv(kv_all[j], plan, psum_dtype)
+            kv_all = _load_kv_rows(k, v, b, hk, 0, n_kt, plan)
+            if plan.transpose != "dma":
+                _transpose_kv(kv_all, plan, psum_dtype)
         # This core's query passes of this KV head (all of them unless the group is split):
         # each query head's tiles, q_block at a time.
         passes = []
@@ -1124,7 +1266,7 @@ def flash_attention_bwd_kernel(
                 next_block = -1
             elif kv_outer:
                 kv_next = [None] * n_kt
-            prepared = False
+            prepared = 0  # tile groups of the next pass prepared so far
             q_sums = QuerySums(dq=None, dq_ps=None, started=[False] * n_tiles)
             if kv_outer:
                 q_sums.dq = nl.ndarray(
@@ -1199,9 +1341,18 @@ def flash_attention_bwd_kernel(
                                     qs, kv_tiles[pairs[m].j], pairs[m], scale, plan
                                 )
                                 m += 1
-                    if n == n_pairs - 1 and has_next:
-                        _query_pass_prepare(qs_next, plan, psum_dtype)
-                        prepared = True
+                    if has_next:
+                        # the next pass's transposes, -lse and -D, tile by tile over this
+                        # pass's last 3/4 of pairs (its rows were loaded at this pass's
+                        # start): no burst of VectorE and PE work at the pass boundary
+                        n_next = len(qs_next.groups)
+                        lead = n_pairs // 4
+                        due = 0
+                        if n >= lead:
+                            due = ceil_div((n - lead + 1) * n_next, n_pairs - lead)
+                        while prepared < due:
+                            _prepare_group(qs_next, prepared, plan, psum_dtype)
+                            prepared += 1
                 n = step - plan.lag_kv
                 if 0 <= n < n_pairs:
                     first = n == 0 or kv_group[n - 1] != kv_group[n]
@@ -1214,7 +1365,7 @@ def flash_attention_bwd_kernel(
                     kv = kv_tiles[pairs[n].j]
                     _q_grads(states[n], kv, pairs[n], first, last, q_sums, dq[b, h], scale, plan)
                     states[n] = None
-            if has_next and not prepared:  # a pass no key reaches
+            if has_next and n_pairs == 0:  # a pass no key reaches
                 _query_pass_prepare(qs_next, plan, psum_dtype)
                 if next_block >= 0:
                     _load_kv_block(k, v, b, hk, next_block, kv_next, n_kt, plan, psum_dtype, 3)
