@@ -452,7 +452,7 @@ class QueryPass(nl.NKIObject):
     h: int = 0  # the query head
     feat: object = None  # ScoreInputs (attention mask, dropout), None without them
     row_key: object = None  # [tq, n_tiles] int32 dropout row keys, None without dropout
-    groups: list = None  # (first live index, count) of consecutive live tiles prepared together
+    steps: list = None  # (kind, first live index, count): "t" transposes, "d" -lse and -D
 
 
 @dataclass
@@ -805,14 +805,27 @@ def _kv_grads(st, qs, pair, first, last, sums, plan, psum_dtype):
     )
     if plan.loop_order == "kv_outer":
         if last:
+            # one fold per run of the block's slots alike (summed here, first sum or not,
+            # full tiles): dK's whole bank first, so the next block's PSUM tiles wait for
+            # one VectorE pass over it, not for 2 x kv_block small ones
+            runs = []
             for slot in range(kb):
+                jj = jb + slot
+                nk = min(tk, plan.sk - jj * tk)
                 if sums.in_block[slot]:
-                    jj = jb + slot
-                    nk = min(tk, plan.sk - jj * tk)
-                    started = sums.started[jj]
-                    _fold(sums.dk[0:nk, jj, :], sums.dk_ps[0:nk, slot, :], not started)
-                    _fold(sums.dv[0:nk, jj, :], sums.dv_ps[0:nk, slot, :], not started)
-                    sums.started[jj] = True
+                    key = (sums.started[jj], nk)
+                    if len(runs) > 0 and runs[-1][2] == key and runs[-1][0] + runs[-1][1] == slot:
+                        runs[-1] = (runs[-1][0], runs[-1][1] + 1, key)
+                    else:
+                        runs.append((slot, 1, key))
+            for acc, ps in ((sums.dk, sums.dk_ps), (sums.dv, sums.dv_ps)):
+                for s0, ns, key in runs:
+                    started, nk = key
+                    j0 = jb + s0
+                    _fold(acc[0:nk, j0 : j0 + ns, :], ps[0:nk, s0 : s0 + ns, :], not started)
+            for s0, ns, _ in runs:
+                for u in range(ns):
+                    sums.started[jb + s0 + u] = True
     else:
         started = sums.started[j]
         _fold(sums.dk[0:n_k, j, :], dk_ps, not started)
@@ -898,10 +911,12 @@ def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan, bounds=N
     # Q, dO and O rows and lse: one DMA per run of consecutive live tiles each (a DMA's
     # fixed cost is paid per DMA and engine, not per tile).
     r_pass = p0 * tq
-    qs.groups = []
+    qs.steps = []
     a = 0
     for _, nt, _ in _tile_runs(qs.live, tq, plan.t_group, True):
-        qs.groups.append((a, nt))
+        qs.steps.append(("t", a, nt))
+        for u in range(nt):
+            qs.steps.append(("d", a + u, 1))
         a += nt
     for t0, nt, n_last in _tile_runs(qs.live, tq):
         r0 = r_pass + t0 * tq
@@ -922,20 +937,19 @@ def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan, bounds=N
 
 def _query_pass_prepare(qs, plan, psum_dtype):
     """Phase 2 of a query pass, once its rows have arrived: Q^T and dO^T, ``-lse`` and
-    ``-D = -rowsum(dO * O)`` columns, group by group (:func:`_prepare_group`)."""
-    for g in range(len(qs.groups)):
-        _prepare_group(qs, g, plan, psum_dtype)
+    ``-D = -rowsum(dO * O)`` columns, step by step (:func:`_prepare_step`)."""
+    for i in range(len(qs.steps)):
+        _prepare_step(qs, i, plan, psum_dtype)
 
 
-def _prepare_group(qs, g, plan, psum_dtype):
-    """:func:`_query_pass_prepare` of the pass's ``g``-th group of consecutive live tiles
-    (``qs.groups``: as many as one PSUM bank of transposes holds; the kernel spreads the
-    next pass's groups over this pass's tile pairs)."""
+def _prepare_step(qs, i, plan, psum_dtype):
+    """Step ``i`` of :func:`_query_pass_prepare` (``qs.steps``): the transposes of a group
+    of consecutive live tiles (as many as one PSUM bank holds), or one live tile's ``-lse``
+    and ``-D``. The kernel spreads the next pass's steps over this pass's tile pairs, so no
+    engine's in-order queue takes a burst of them at once."""
     tq, d = plan.tile_q, plan.d
-    a0, na = qs.groups[g]
-    t0 = qs.live[a0][0]
-    n_last = qs.live[a0 + na - 1][1]
-    if plan.transpose == "dma":
+    kind, a0, na = qs.steps[i]
+    if kind == "t" and plan.transpose == "dma":
         for a in range(a0, a0 + na):
             t, n_q = qs.live[a]
             q_tv, do_tv = [], []
@@ -944,41 +958,30 @@ def _prepare_group(qs, g, plan, psum_dtype):
                 do_tv.append(qs.do_t[:, c, t * tq : t * tq + n_q])
             _transpose_rows(qs.q_src[a], q_tv, n_q, plan)
             _transpose_rows(qs.do_src[a], do_tv, n_q, plan)
-    else:
+    elif kind == "t":
         sides = ((qs.q, qs.q_t), (qs.do, qs.do_t))
-        _transpose_group(sides, t0, na, n_last, tq, plan, psum_dtype)
-    # -lse, and -D = -rowsum(dO * O): one instruction each for the group's full tiles
-    spans = [(t0, na, tq)]
-    if n_last < tq:
-        spans = [(t0, na - 1, tq), (t0 + na - 1, 1, n_last)]
-    for u0, nu, n_q in spans:
-        if nu == 0:
-            continue
-        lse_cols = qs.neg_lse[0:n_q, u0 : u0 + nu]
-        nisa.tensor_scalar(dst=lse_cols, data=lse_cols, op0=nl.multiply, operand0=-1.0)
-        prod = nl.ndarray((tq, nu, d), dtype=nl.float32, buffer=nl.sbuf, name="do_o")
+        n_last = qs.live[a0 + na - 1][1]
+        _transpose_group(sides, qs.live[a0][0], na, n_last, tq, plan, psum_dtype)
+    else:
+        t, n_q = qs.live[a0]
+        lse_col = qs.neg_lse[0:n_q, t : t + 1]
+        nisa.tensor_scalar(dst=lse_col, data=lse_col, op0=nl.multiply, operand0=-1.0)
+        if plan.mask:  # rows the mask leaves with no key (lse = -inf): P = exp(. - 3e38) = 0
+            dead = dead_rows_column(lse_col, n_q)
+            nisa.tensor_copy_predicated(dst=lse_col, src=DEAD_ROW_BIAS, predicate=dead)
+        prod = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.sbuf, name="do_o")
         nisa.tensor_tensor(
-            dst=prod[0:n_q, :, :],
-            data1=qs.do[0:n_q, u0 : u0 + nu, :],
-            data2=qs.o[0:n_q, u0 : u0 + nu, :],
+            dst=prod[0:n_q, :],
+            data1=qs.do[0:n_q, t, :],
+            data2=qs.o[0:n_q, t, :],
             op=nl.multiply,
+            engine=nisa.engine.gpsimd,
         )
         nisa.tensor_reduce(
-            dst=qs.neg_dvec[0:n_q, u0 : u0 + nu],
-            op=nl.add,
-            data=prod[0:n_q, :, :],
-            axis=2,
-            negate=True,
+            dst=qs.neg_dvec[0:n_q, t : t + 1], op=nl.add, data=prod[0:n_q, :], axis=1, negate=True
         )
-    for a in range(a0, a0 + na):
-        t, n_q = qs.live[a]
-        if plan.mask:  # rows the mask leaves with no key (lse = -inf): P = exp(. - 3e38) = 0
-            dead = dead_rows_column(qs.neg_lse[0:n_q, t : t + 1], n_q)
-            nisa.tensor_copy_predicated(
-                dst=qs.neg_lse[0:n_q, t : t + 1], src=DEAD_ROW_BIAS, predicate=dead
-            )
         if qs.sink is not None:
-            _dsink_rows(qs, a, t, n_q)
+            _dsink_rows(qs, a0, t, n_q)
 
 
 def _dsink_rows(qs, a, t, n_q):
@@ -1266,7 +1269,7 @@ def flash_attention_bwd_kernel(
                 next_block = -1
             elif kv_outer:
                 kv_next = [None] * n_kt
-            prepared = 0  # tile groups of the next pass prepared so far
+            prepared = 0  # steps of the next pass's preparation issued so far
             q_sums = QuerySums(dq=None, dq_ps=None, started=[False] * n_tiles)
             if kv_outer:
                 q_sums.dq = nl.ndarray(
@@ -1345,13 +1348,13 @@ def flash_attention_bwd_kernel(
                         # the next pass's transposes, -lse and -D, tile by tile over this
                         # pass's last 3/4 of pairs (its rows were loaded at this pass's
                         # start): no burst of VectorE and PE work at the pass boundary
-                        n_next = len(qs_next.groups)
+                        n_next = len(qs_next.steps)
                         lead = n_pairs // 4
                         due = 0
                         if n >= lead:
                             due = ceil_div((n - lead + 1) * n_next, n_pairs - lead)
                         while prepared < due:
-                            _prepare_group(qs_next, prepared, plan, psum_dtype)
+                            _prepare_step(qs_next, prepared, plan, psum_dtype)
                             prepared += 1
                 n = step - plan.lag_kv
                 if 0 <= n < n_pairs:
