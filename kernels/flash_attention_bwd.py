@@ -133,6 +133,8 @@ DEAD_ROW_BIAS = -3.0e38
 # Modeled at B1 H4 S4096 D128 bf16 non-causal (with S and dP sharing a PSUM bank, half the
 # dS^T by DMA): 6/12 gives 68.6% TensorE, 4/8 64.7%, 8/16 68.5%, 3/6 53.4% (before the
 # ds_dma_tiles spread settled on pairs 1 and 3 of every 4: 68.1% with 6/12).
+# Output tiles one store stages and moves at most (one DMA; its SBUF staging is budgeted).
+STORE_TILES = 8
 PIPELINE_LAG_KV = 6
 PIPELINE_LAG_Q = 12
 
@@ -256,6 +258,7 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     runtime_bounds: str = ""  # run-time key bounds per query row (the forward's plan field)
     hwdge: bool = False  # row loads and gradient stores on SyncE's hardware DGE queues (v3+)
     t_group: int = 1  # row tiles whose PE transposes (both sides: K and V, Q and dO) share a bank
+    kv_resident: bool = False  # kv_outer: a pass's key blocks stay loaded for the next pass
 
 
 def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Target, lnc: int = 1):
@@ -295,19 +298,32 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         kv_block = 1
     lag = PIPELINE_LAG_Q
 
-    # SBUF bytes per partition, the live tiles at the peak (an upper bound).
+    # SBUF bytes per partition, the live tiles at the peak (an upper bound). Of the query
+    # side, this pass's and the next's (prefetched) rows are live together; O only for
+    # the next pass (dead once its D is made, during this pass), dQ sums only for this one.
     q_side = 2 * n_qt * d * item  # Q and dO rows
     q_side += 2 * d_chunks * rows * item  # Q^T and dO^T
     q_side += 2 * n_qt * 4  # -lse and -D columns
-    q_side += n_qt * d * item  # O rows (for D)
-    key_tile = 2 * d * item + 2 * d_chunks * tk * item  # K and V rows, K^T and V^T
+    q_once = n_qt * d * item  # O rows (for D)
+    rows_t = d_chunks * tk * item  # K^T or V^T of a key tile
+    key_tile = 2 * d * item + 2 * rows_t  # K and V rows, K^T and V^T
+    kv_resident = False
     if config.loop_order == "kv_outer":
-        q_side += n_qt * d * 4  # dQ accumulators
+        q_once += n_qt * d * 4  # dQ accumulators
         kv_side = 2 * kv_block * key_tile  # this key block and the next (prefetch)
+        # Resident: a pass's key blocks stay for the next pass that sees them too (the
+        # group's heads one after the other over a block of rows: one load and one set of
+        # transposes per key tile and block of rows, not per head), when SBUF holds K, K^T
+        # and V^T of the most blocks a pass sees and the next one's first (V rows die at
+        # their transposes: two blocks' worth in flight).
+        most = _most_pass_blocks(sq, sk, tq, tk, config.q_block, kv_block, bounds)
+        resident = (most + 1) * kv_block * (d * item + 2 * rows_t) + 2 * kv_block * d * item
+        resident_extra = resident - kv_side
     else:
         kv_side = n_kt * key_tile  # every key tile of the head
+        resident_extra = 0
     group = 2 * n_kt * d * 4  # dK and dV fp32 accumulators over the query heads
-    q_side = 2 * q_side + d * 4  # this pass and the next (prefetch); one dO * O product
+    q_side = 2 * q_side + q_once + d * 4  # this pass and the next; one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
     softcap = float(problem.get("softcap", 0.0))
     if softcap:  # t^2 and P (1 - t^2) of the pairs in flight
@@ -323,7 +339,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         pair += (DROPOUT_STAGES + 1) * keys * 8 + keys * 4
     if features["mask_row"]:  # the group's bias rows (and their raw loads), on one partition
         pair += (groups if features["mask_dims"][1] else 1) * sk * 8
-    staging = d * item  # one output tile in the output dtype
+    staging = STORE_TILES * d * item  # one run of output tiles in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
     # softcap: the tanh tiles of 2 key blocks made ahead (this one's and the next's), else
     # of 1, else each pair's own: as many as SBUF holds.
@@ -337,6 +353,10 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     bounded = runtime_bounds_mode(problem, target)
     if bounded:  # the bounds, and each pair's scaled scores masked in SBUF before the exp
         sbuf += bounds_bytes(bounded, sq, tq) + (lag + 1) * keys * 4
+    if config.loop_order == "kv_outer":
+        kv_resident = resident_extra <= 0 or sbuf + resident_extra <= target.sbuf_usable_bytes
+        if kv_resident:
+            sbuf += max(0, resident_extra)
 
     # PE transposes of the loads write the input dtype to PSUM from NeuronCore-v3 (fp32
     # before): a bank holds t_group row tiles of both sides, transposed.
@@ -383,23 +403,43 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         packed=bool(problem.get("packed", False)),
         runtime_bounds=bounded,
         hwdge=target.has_hwdge,
+        kv_resident=kv_resident,
         t_group=max(1, target.psum_bank_bytes // (2 * d_chunks * tq * psum_item)),
     )
+
+
+def _most_pass_blocks(sq, sk, tq, tk, q_block, kv_block, bounds):
+    """The most key blocks (``kv_block`` tiles of ``tk`` keys, from key 0) one query pass
+    (``q_block`` tiles of ``tq`` rows) sees within ``bounds``."""
+    most = 0
+    tiles = tiled(sq, tq)
+    for p0, n_pass in tiled(len(tiles), q_block):
+        lo, hi = sk, 0
+        for q0, n_q in tiles[p0 : p0 + n_pass]:
+            k_start, k_end, _, _ = key_bounds(q0, n_q, sq, sk, bounds)
+            if k_end > k_start:
+                lo, hi = min(lo, k_start), max(hi, k_end)
+        if hi > lo:
+            most = max(most, (hi - 1) // (tk * kv_block) - lo // (tk * kv_block) + 1)
+    return most
 
 
 def _query_passes(groups, sq, sk, tq, q_block, bounds):
     """A KV group's query passes ``(head within the group, first tile, tiles)`` in the
     kernel's order, and each one's cost: the keys its query rows see (all of Sk, or those
     within the window ``bounds``, aligned bottom-right) plus one tile of fixed work per
-    query tile."""
+    query tile. The group's heads run one after the other over each block of query rows:
+    their passes see the same key tiles, which stay loaded from one to the next
+    (``kv_resident``), and a key tile no later block of rows sees is final (its dK and dV
+    are stored while the kernel goes on)."""
     passes, costs = [], []
     tiles = tiled(sq, tq)
-    for g in range(groups):
-        for p0, n_pass in tiled(len(tiles), q_block):
-            cost = 0
-            for q0, n_q in tiles[p0 : p0 + n_pass]:
-                k_start, k_end, _, _ = key_bounds(q0, n_q, sq, sk, bounds)
-                cost += max(0, k_end - k_start) + tq
+    for p0, n_pass in tiled(len(tiles), q_block):
+        cost = 0
+        for q0, n_q in tiles[p0 : p0 + n_pass]:
+            k_start, k_end, _, _ = key_bounds(q0, n_q, sq, sk, bounds)
+            cost += max(0, k_end - k_start) + tq
+        for g in range(groups):
             passes.append((g, p0, n_pass))
             costs.append(cost)
     return passes, costs
@@ -1111,6 +1151,48 @@ def _store_scaled(dst, acc, n, scale, d):
     nisa.dma_copy(dst=dst, src=staged)
 
 
+def _store_tiles(dst, acc, entries, tile, scale, plan, on_scalar=False):
+    """Store ``scale * acc[:, i, :]`` (fp32 SBUF ``[tile, tiles, D]``) into rows
+    ``i * tile ..`` of ``dst`` (HBM ``[rows, D]``) for the ``(i, rows, summed)`` entries (in
+    increasing ``i``), zeros for an entry not ``summed``: one staging tile, one scaling
+    (VectorE, or ScalarE when ``on_scalar``) and one DMA per run of consecutive full
+    tiles alike."""
+    d = plan.d
+    runs = []
+    for i, n, summed in entries:
+        extend = len(runs) > 0 and runs[-1][3] == summed and runs[-1][2] == tile
+        extend = extend and n == tile and runs[-1][0] + runs[-1][1] == i
+        extend = extend and runs[-1][1] < STORE_TILES
+        if extend:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, n, summed)
+        else:
+            runs.append((i, 1, n, summed))
+    for i0, nt, n_last, summed in runs:
+        staged = nl.ndarray((tile, nt, d), dtype=dst.dtype, buffer=nl.sbuf, name="grad_out")
+        rows = n_last if nt == 1 else tile
+        out = staged[0:rows, :, :]
+        if not summed:
+            nisa.memset(dst=out, value=0.0)
+        elif on_scalar:
+            src = acc[0:rows, i0 : i0 + nt, :]
+            nisa.activation(dst=out, op=nl.copy, data=src, scale=scale)
+        else:
+            src = acc[0:rows, i0 : i0 + nt, :]
+            nisa.tensor_scalar(dst=out, data=src, op0=nl.multiply, operand0=scale)
+        view = _tiled_rows(dst, i0 * tile, nt, tile, n_last)
+        _dma(view, out if nt > 1 else staged[0:rows, 0, :], plan)
+
+
+def _store_kv_sums(kv_sums, js, dk_dst, dv_dst, scale, plan):
+    """dK (scaled on ScalarE) and dV (VectorE; dropout's ``1 / (1 - p)``) of key tiles
+    ``js`` (increasing) into the rows of ``dk_dst``, ``dv_dst`` (HBM ``[Sk, D]``)."""
+    entries = []
+    for j in js:
+        entries.append((j, min(plan.tile_k, plan.sk - j * plan.tile_k), kv_sums.started[j]))
+    _store_tiles(dk_dst, kv_sums.dk, entries, plan.tile_k, scale, plan, True)
+    _store_tiles(dv_dst, kv_sums.dv, entries, plan.tile_k, plan.inv_keep, plan)
+
+
 def _pass_pairs(p0, n_tiles, n_kt, plan):
     """The :class:`TilePair` s of one query pass that some query sees, in the loop order:
     "kv_outer" walks key blocks, and within a block each query tile against the block's key
@@ -1241,6 +1323,18 @@ def flash_attention_bwd_kernel(
         for ps in passes:
             pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
         kb = plan.kv_block
+        # per pass its key blocks in order of first use; per key tile the last pass seeing it
+        pass_blocks, last_pass = [], [-1] * n_kt
+        for i in range(len(passes)):
+            pass_blocks.append([])
+            for pr in pass_pairs[i]:
+                last_pass[pr.j] = i
+                if len(pass_blocks[i]) == 0 or pass_blocks[i][-1] != pr.j // kb:
+                    pass_blocks[i].append(pr.j // kb)
+        if slot < 0:
+            dk_dst, dv_dst = dk[b, hk], dv[b, hk]
+        else:  # this core's fp32 partial sums of a split group
+            dk_dst, dv_dst = dk_part[core, slot], dv_part[core, slot]
         qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[0], plan, bounds, feat)
         _query_pass_prepare(qs_next, plan, psum_dtype)
         kv_next = kv_all
@@ -1264,11 +1358,11 @@ def flash_attention_bwd_kernel(
                 )
                 if kv_outer and len(pass_pairs[i + 1]) > 0:
                     next_block = pass_pairs[i + 1][0].j // kb
-            if kv_outer and n_kt <= kb and next_block >= 0:
-                kv_next = kv_tiles  # one key block: the next pass reuses its tiles
-                next_block = -1
-            elif kv_outer:
+            if kv_outer:
                 kv_next = [None] * n_kt
+                if plan.kv_resident and next_block in pass_blocks[i]:
+                    next_block = -1  # held over from this pass (see its end)
+            loading = []  # (block, into kv_next) whose rows this pass loads: transposes due
             prepared = 0  # steps of the next pass's preparation issued so far
             q_sums = QuerySums(dq=None, dq_ps=None, started=[False] * n_tiles)
             if kv_outer:
@@ -1319,8 +1413,9 @@ def flash_attention_bwd_kernel(
                             ahead = blocks[at + 1]
                         else:
                             ahead, dst_tiles = next_block, kv_next
-                    if ahead >= 0 and first:
+                    if ahead >= 0 and first and dst_tiles[ahead * kb] is None:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
+                        loading.append((ahead, dst_tiles is kv_next))
                     if plan.softcap and plan.tanh_blocks == 0:
                         tanhs[n] = _tanh_scores(qs, kv_tiles[pair.j], pair, scale, plan)
                     if plan.softcap and plan.tanh_blocks > 0 and first and tanhs[n] is None:
@@ -1334,7 +1429,8 @@ def flash_attention_bwd_kernel(
                     states[n] = _scores(qs, kv_n, pair, scale, plan, tanhs[n], drop[n], masks[n])
                     tanhs[n], drop[n], masks[n] = None, None, None
                     if ahead >= 0 and last:
-                        _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
+                        if (ahead, dst_tiles is kv_next) in loading:
+                            _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
                         if plan.softcap and plan.tanh_blocks == 2 and dst_tiles is kv_tiles:
                             # the next key block of this pass is loaded: its tanh burst now,
                             # while this block's pairs drain, not when its first pair starts
@@ -1372,23 +1468,30 @@ def flash_attention_bwd_kernel(
                 _query_pass_prepare(qs_next, plan, psum_dtype)
                 if next_block >= 0:
                     _load_kv_block(k, v, b, hk, next_block, kv_next, n_kt, plan, psum_dtype, 3)
+            if kv_outer and has_next and plan.kv_resident:
+                # the next pass's blocks this pass holds: kept, not loaded again
+                for jb in pass_blocks[i + 1]:
+                    if jb in pass_blocks[i]:
+                        j0, n_j = tiled(n_kt, kb)[jb]
+                        for j in range(j0, j0 + n_j):
+                            kv_next[j] = kv_tiles[j]
+            entries = []  # dq: this pass's tiles (under q_outer, those stored already skipped)
             for t, (q0, n_q) in enumerate(tiled(Sq, tq)[p0 : p0 + n_tiles]):
-                if not q_sums.started[t]:
-                    _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
-                elif kv_outer:
-                    src = q_sums.dq[0:n_q, t, :]
-                    _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, D)
-        for j, (k0, n_k) in enumerate(tiled(Sk, tk)):
-            started = kv_sums.started[j]
-            dk_src = kv_sums.dk[0:n_k, j, :] if started else None
-            dv_src = kv_sums.dv[0:n_k, j, :] if started else None
-            if slot < 0:
-                dk_dst, dv_dst = dk[b, hk, k0 : k0 + n_k, :], dv[b, hk, k0 : k0 + n_k, :]
-            else:  # this core's fp32 partial sums of a split group
-                dk_dst = dk_part[core, slot, k0 : k0 + n_k, :]
-                dv_dst = dv_part[core, slot, k0 : k0 + n_k, :]
-            _store_scaled(dk_dst, dk_src, n_k, scale, D)
-            _store_scaled(dv_dst, dv_src, n_k, plan.inv_keep, D)  # dropout: 1 / (1 - p)
+                if kv_outer or not q_sums.started[t]:
+                    entries.append((t, n_q, q_sums.started[t]))
+            rows = dq[b, h, p0 * tq : p0 * tq + min(n_tiles * tq, Sq - p0 * tq), :]
+            _store_tiles(rows, q_sums.dq, entries, tq, scale, plan)
+            # key tiles no later pass of this core sees: dK and dV are final, stored now
+            done = []
+            for j in range(n_kt):
+                if last_pass[j] == i:
+                    done.append(j)
+            _store_kv_sums(kv_sums, done, dk_dst, dv_dst, scale, plan)
+        rest = []  # key tiles no pass of this core sees: zeros
+        for j in range(n_kt):
+            if last_pass[j] < 0:
+                rest.append(j)
+        _store_kv_sums(kv_sums, rest, dk_dst, dv_dst, scale, plan)
     if plan.split_groups and sinks is not None:
         return dq_hbm, dk_hbm, dv_hbm, dk_part, dv_part, dsink
     if plan.split_groups:
