@@ -132,11 +132,16 @@ DEAD_ROW_BIAS = -3.0e38
 # pair's results cross engines (~200-cycle engine latency, cost_model/params.py).
 # Modeled at B1 H4 S4096 D128 bf16 non-causal (with S and dP sharing a PSUM bank, half the
 # dS^T by DMA): 6/12 gives 68.6% TensorE, 4/8 64.7%, 8/16 68.5%, 3/6 53.4% (before the
-# ds_dma_tiles spread settled on pairs 1 and 3 of every 4: 68.1% with 6/12).
+# ds_dma_tiles spread settled on pairs 1 and 3 of every 4: 68.1% with 6/12). Since the
+# loads left GpSimd's DMA queue and 3 of 4 dS^T go by DMA, 8/16 is ahead everywhere
+# (B1 H32 Hkv8 D128 bf16, LNC=1, whole launch): non-causal S4096 10,617.6 us vs 10,647.3
+# with 6/12, causal S4096 5,971.4 vs 6,087.0, causal S8192 21,812.6 vs 22,096.0, window
+# (1024, 0) at S8192 7,102.3 vs 7,614.3; 8/20 gains ~1% more but its pairs in flight no
+# longer fit the default config under 128 KiB of SBUF at S4096.
+PIPELINE_LAG_KV = 8
+PIPELINE_LAG_Q = 16
 # Output tiles one store stages and moves at most (one DMA; its SBUF staging is budgeted).
 STORE_TILES = 8
-PIPELINE_LAG_KV = 6
-PIPELINE_LAG_Q = 12
 
 
 @dataclass(frozen=True)
@@ -199,10 +204,11 @@ class FlashAttentionBwdConfig(TunableConfig):
         "modeled: 68.1% TensorE at S4096 vs 50.5% dma, 34.3% vector; every dtype and target",
     )
     ds_dma_tiles: int = tunable(
-        2,
+        3,
         (0, 1, 2, 3, 4),
-        "modeled: 68.1% TensorE at S4096 (B1 H4 D128 bf16 non-causal) vs 61.2% with 0, "
-        "63.6% with 1, 68.1% with 3 (the DMA queues 99% busy)",
+        "modeled (trn2, B1 H32 Hkv8 D128 bf16, LNC=1, the loads on SyncE's DGE queue): "
+        "non-causal S4096 10,647 us vs 11,052 with 2; causal S8192 22,096 vs 23,081; "
+        "window (1024, 0) at S8192 7,614 vs 8,009; causal S4096 6,087 vs 7,443 with 4",
     )
     elementwise: str = tunable(
         "split",
@@ -259,6 +265,7 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     hwdge: bool = False  # row loads and gradient stores on SyncE's hardware DGE queues (v3+)
     t_group: int = 1  # row tiles whose PE transposes (both sides: K and V, Q and dO) share a bank
     kv_resident: bool = False  # kv_outer: a pass's key blocks stay loaded for the next pass
+    dq_runs: int = 1  # dQ PSUM sums (runs of pairs of one query tile) one bank holds
 
 
 def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Target, lnc: int = 1):
@@ -404,6 +411,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         runtime_bounds=bounded,
         hwdge=target.has_hwdge,
         kv_resident=kv_resident,
+        dq_runs=max(1, target.psum_bank_bytes // (d * 4)),
         t_group=max(1, target.psum_bank_bytes // (2 * d_chunks * tq * psum_item)),
     )
 
@@ -533,6 +541,8 @@ class QuerySums(nl.NKIObject):
     dq: object  # kv_outer: [tq, n_tiles, D] fp32 SBUF, tile t at [:, t, :]; q_outer: None
     dq_ps: object  # [tq, D] fp32 PSUM: the current run's sum, None before the first
     started: list  # per query tile: dq holds a sum (kv_outer) or it was stored (q_outer)
+    dq_bank: object = None  # [tq, runs, D] fp32 PSUM: one bank the next runs' sums share
+    runs: int = 0  # runs begun in this pass
 
 
 @dataclass
@@ -643,7 +653,7 @@ def _tanh_scores(qs, kv, pair, scale, plan):
     return tanh_s
 
 
-def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None):
+def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None, s_dp=None):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
     the diagonal) and ``dS = P * (dP - D)``; with a softcap, ``P = exp(softcap t - lse)``
     from ``tanh_s`` (:func:`_tanh_scores`) and ``dS = P (1 - t^2) (dP - D)``. Returns the
@@ -654,7 +664,8 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None):
     # S and dP side by side in one PSUM bank ([tq, 2, tk] fp32 <= 1 KiB per partition):
     # a pair holds one bank instead of two, so more pairs are in flight (modeled 61.2% vs
     # 53.4% TensorE at S4096; a matmul may write any region within one bank).
-    s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
+    if s_dp is None:
+        s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
     if plan.mask and not plan.mask_row and mask_t is None:  # (else loaded pairs ahead)
         mask_t = load_mask_tile(qs.feat, qs.h, pair.q0, n_q, pair.k0, n_k, plan)
@@ -885,7 +896,15 @@ def _q_grads(st, kv, pair, first, last, sums, dq_dst, scale, plan):
     t, q0, n_q, n_k = pair.t, pair.q0, pair.n_q, pair.n_k
     tq, d = plan.tile_q, plan.d
     if first:
-        sums.dq_ps = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.psum, name="dq_ps")
+        # consecutive runs' sums share one PSUM bank (as many as it holds at D), so a new
+        # run waits for a bank once per bank, not once per run
+        per_bank = plan.dq_runs
+        if sums.runs % per_bank == 0:
+            sums.dq_bank = nl.ndarray(
+                (tq, per_bank, d), dtype=nl.float32, buffer=nl.psum, name="dq_ps"
+            )
+        sums.dq_ps = sums.dq_bank[:, sums.runs % per_bank, :]
+        sums.runs += 1
     nisa.nc_matmul(
         dst=sums.dq_ps[0:n_q, :],
         stationary=st.ds_t[0:n_k, 0:n_q],
@@ -1426,7 +1445,15 @@ def flash_attention_bwd_kernel(
                             tanhs[m] = _tanh_scores(qs, kv_tiles[pairs[m].j], pairs[m], scale, plan)
                             m += 1
                     kv_n = kv_tiles[pair.j]
-                    states[n] = _scores(qs, kv_n, pair, scale, plan, tanhs[n], drop[n], masks[n])
+                    # two consecutive pairs' S and dP share one PSUM bank ([tq, 4, tk] fp32)
+                    if n % 2 == 0:
+                        s_dp2 = nl.ndarray(
+                            (tq, 4, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp"
+                        )
+                    half = s_dp2[:, 2 * (n % 2) : 2 * (n % 2) + 2, :]
+                    states[n] = _scores(
+                        qs, kv_n, pair, scale, plan, tanhs[n], drop[n], masks[n], half
+                    )
                     tanhs[n], drop[n], masks[n] = None, None, None
                     if ahead >= 0 and last:
                         if (ahead, dst_tiles is kv_next) in loading:
@@ -1480,7 +1507,7 @@ def flash_attention_bwd_kernel(
                 if kv_outer or not q_sums.started[t]:
                     entries.append((t, n_q, q_sums.started[t]))
             rows = dq[b, h, p0 * tq : p0 * tq + min(n_tiles * tq, Sq - p0 * tq), :]
-            _store_tiles(rows, q_sums.dq, entries, tq, scale, plan)
+            _store_tiles(rows, q_sums.dq, entries, tq, scale, plan, True)
             # key tiles no later pass of this core sees: dK and dV are final, stored now
             done = []
             for j in range(n_kt):
