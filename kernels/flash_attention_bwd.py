@@ -27,23 +27,31 @@ Head dims 1..256 (two contraction chunks over D above 128; 64, 80, 96, 128, 192,
 tested). The fp32 dK/dV sums of a KV head stay in SBUF, so the key length is bounded by
 SBUF: the default config accepts Sk up to ~16K at D=128 bf16 on trn2 (``check`` refuses
 longer before any kernel runs). Modeled (trn2 cost model, not measured) at B=1, H=32,
-Hkv=8, S=4096, D=128 bf16, one physical core: 12.8 ms non-causal, 68% of the BF16 TensorE
-peak in useful FLOPs (53% before S and dP shared a PSUM bank and half the dS^T moved to DMA
-transposes). TensorE binds (77% busy, the rest waiting on PSUM banks and cross-engine
-latency), ScalarE (exp, dP - D, the PE dS^T evacuations) at 68%, DMA queues 74%.
+Hkv=8, S=4096, D=128 bf16, one physical core: 10.5 ms non-causal, 83% of the BF16 TensorE
+peak in useful FLOPs (68% before the row loads left GpSimd's DMA queue, the heads of a KV
+group shared their key tiles and PSUM tiles were packed two pairs' S and dP or four dQ
+sums to a bank). TensorE binds (89% busy), ScalarE at 76%, the DMA engines at 99% (3 of
+4 dS^T are DMA transposes). A sliding window (1024, 0) at S=8192 costs 0.30 of the causal
+backward there (6.3 vs 21.1 ms).
+
+DMA: the row loads (Q, dO, O, lse per pass; K, V per key block) and the gradient stores
+move a run of tiles per DMA on SyncE's hardware DGE queue (v3+); GpSimd's software DGE
+queue keeps only the dS^T DMA transposes, so they never wait behind a prefetch.
 
 Pipeline, per tile pair ``n`` in a query pass (stage 2 trails by ``lag_kv``, stage 3 by
 ``lag_q`` pairs)::
 
     for (b, kv head) group of this core:                  # dK, dV fp32 sums in SBUF
-      for query pass (head h, q_block query tiles):       # Q, dO, O, lse, D resident
-        for step n:                                       # key blocks of kv_block tiles
-          stage 1 (pair n):        S, dP -> one PSUM bank; P = exp(.); dS = P * (dP - D)
-          stage 2 (pair n - lag_kv): dV_j += P^T dO, dK_j += dS^T Q (PSUM over the block);
-                                   dS^T (TensorE, or DMA on ds_dma_tiles of every 4)
-          stage 3 (pair n - lag_q):  dQ_i += dS K_j (PSUM over the block, then SBUF)
-        dQ rows scaled and stored
-      dK, dV scaled and stored
+      for block of q_block query tiles:
+        for query head h of the group:                    # a query pass
+          Q, dO, O, lse, D resident; key blocks the previous pass held stay (kv_resident)
+          for step n:                                     # key blocks of kv_block tiles
+            stage 1 (pair n):          S, dP -> PSUM (two pairs a bank); P = exp(.);
+                                       dS = P * (dP - D); the next pass prepared a step
+            stage 2 (pair n - lag_kv): dV_j += P^T dO, dK_j += dS^T Q (PSUM over the
+                                       block); dS^T (TensorE, or DMA on ds_dma_tiles of 4)
+            stage 3 (pair n - lag_q):  dQ_i += dS K_j (PSUM over the block, then SBUF)
+          dQ rows scaled and stored; dK, dV of key tiles no later pass sees stored
 
 The state each level keeps is a record (``nl.NKIObject``): :class:`KVSums` per group,
 :class:`QueryPass` and :class:`QuerySums` per query pass, :class:`KeyTile` per key tile,
