@@ -27,23 +27,31 @@ Head dims 1..256 (two contraction chunks over D above 128; 64, 80, 96, 128, 192,
 tested). The fp32 dK/dV sums of a KV head stay in SBUF, so the key length is bounded by
 SBUF: the default config accepts Sk up to ~16K at D=128 bf16 on trn2 (``check`` refuses
 longer before any kernel runs). Modeled (trn2 cost model, not measured) at B=1, H=32,
-Hkv=8, S=4096, D=128 bf16, one physical core: 12.8 ms non-causal, 68% of the BF16 TensorE
-peak in useful FLOPs (53% before S and dP shared a PSUM bank and half the dS^T moved to DMA
-transposes). TensorE binds (77% busy, the rest waiting on PSUM banks and cross-engine
-latency), ScalarE (exp, dP - D, the PE dS^T evacuations) at 68%, DMA queues 74%.
+Hkv=8, S=4096, D=128 bf16, one physical core: 10.5 ms non-causal, 83% of the BF16 TensorE
+peak in useful FLOPs (68% before the row loads left GpSimd's DMA queue, the heads of a KV
+group shared their key tiles and PSUM tiles were packed two pairs' S and dP or four dQ
+sums to a bank). TensorE binds (89% busy), ScalarE at 76%, the DMA engines at 99% (3 of
+4 dS^T are DMA transposes). A sliding window (1024, 0) at S=8192 costs 0.30 of the causal
+backward there (6.3 vs 21.1 ms).
+
+DMA: the row loads (Q, dO, O, lse per pass; K, V per key block) and the gradient stores
+move a run of tiles per DMA on SyncE's hardware DGE queue (v3+); GpSimd's software DGE
+queue keeps only the dS^T DMA transposes, so they never wait behind a prefetch.
 
 Pipeline, per tile pair ``n`` in a query pass (stage 2 trails by ``lag_kv``, stage 3 by
 ``lag_q`` pairs)::
 
     for (b, kv head) group of this core:                  # dK, dV fp32 sums in SBUF
-      for query pass (head h, q_block query tiles):       # Q, dO, O, lse, D resident
-        for step n:                                       # key blocks of kv_block tiles
-          stage 1 (pair n):        S, dP -> one PSUM bank; P = exp(.); dS = P * (dP - D)
-          stage 2 (pair n - lag_kv): dV_j += P^T dO, dK_j += dS^T Q (PSUM over the block);
-                                   dS^T (TensorE, or DMA on ds_dma_tiles of every 4)
-          stage 3 (pair n - lag_q):  dQ_i += dS K_j (PSUM over the block, then SBUF)
-        dQ rows scaled and stored
-      dK, dV scaled and stored
+      for block of q_block query tiles:
+        for query head h of the group:                    # a query pass
+          Q, dO, O, lse, D resident; key blocks the previous pass held stay (kv_resident)
+          for step n:                                     # key blocks of kv_block tiles
+            stage 1 (pair n):          S, dP -> PSUM (two pairs a bank); P = exp(.);
+                                       dS = P * (dP - D); the next pass prepared a step
+            stage 2 (pair n - lag_kv): dV_j += P^T dO, dK_j += dS^T Q (PSUM over the
+                                       block); dS^T (TensorE, or DMA on ds_dma_tiles of 4)
+            stage 3 (pair n - lag_q):  dQ_i += dS K_j (PSUM over the block, then SBUF)
+          dQ rows scaled and stored; dK, dV of key tiles no later pass sees stored
 
 The state each level keeps is a record (``nl.NKIObject``): :class:`KVSums` per group,
 :class:`QueryPass` and :class:`QuerySums` per query pass, :class:`KeyTile` per key tile,
@@ -133,9 +141,16 @@ DEAD_ROW_BIAS = -3.0e38
 # pair's results cross engines (~200-cycle engine latency, cost_model/params.py).
 # Modeled at B1 H4 S4096 D128 bf16 non-causal (with S and dP sharing a PSUM bank, half the
 # dS^T by DMA): 6/12 gives 68.6% TensorE, 4/8 64.7%, 8/16 68.5%, 3/6 53.4% (before the
-# ds_dma_tiles spread settled on pairs 1 and 3 of every 4: 68.1% with 6/12).
-PIPELINE_LAG_KV = 6
-PIPELINE_LAG_Q = 12
+# ds_dma_tiles spread settled on pairs 1 and 3 of every 4: 68.1% with 6/12). Since the
+# loads left GpSimd's DMA queue and 3 of 4 dS^T go by DMA, 8/16 is ahead everywhere
+# (B1 H32 Hkv8 D128 bf16, LNC=1, whole launch): non-causal S4096 10,617.6 us vs 10,647.3
+# with 6/12, causal S4096 5,971.4 vs 6,087.0, causal S8192 21,812.6 vs 22,096.0, window
+# (1024, 0) at S8192 7,102.3 vs 7,614.3; 8/20 gains ~1% more but its pairs in flight no
+# longer fit the default config under 128 KiB of SBUF at S4096.
+PIPELINE_LAG_KV = 8
+PIPELINE_LAG_Q = 16
+# Output tiles one store stages and moves at most (one DMA; its SBUF staging is budgeted).
+STORE_TILES = 8
 
 
 @dataclass(frozen=True)
@@ -198,10 +213,11 @@ class FlashAttentionBwdConfig(TunableConfig):
         "modeled: 68.1% TensorE at S4096 vs 50.5% dma, 34.3% vector; every dtype and target",
     )
     ds_dma_tiles: int = tunable(
-        2,
+        3,
         (0, 1, 2, 3, 4),
-        "modeled: 68.1% TensorE at S4096 (B1 H4 D128 bf16 non-causal) vs 61.2% with 0, "
-        "63.6% with 1, 68.1% with 3 (the DMA queues 99% busy)",
+        "modeled (trn2, B1 H32 Hkv8 D128 bf16, LNC=1, the loads on SyncE's DGE queue): "
+        "non-causal S4096 10,647 us vs 11,052 with 2; causal S8192 22,096 vs 23,081; "
+        "window (1024, 0) at S8192 7,614 vs 8,009; causal S4096 6,087 vs 7,443 with 4",
     )
     elementwise: str = tunable(
         "split",
@@ -255,6 +271,10 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     psum_banks: int
     packed: bool = False  # dout, q, k, v, out and the gradients in [B, S, heads, D] rows
     runtime_bounds: str = ""  # run-time key bounds per query row (the forward's plan field)
+    hwdge: bool = False  # row loads and gradient stores on SyncE's hardware DGE queues (v3+)
+    t_group: int = 1  # row tiles whose PE transposes (both sides: K and V, Q and dO) share a bank
+    kv_resident: bool = False  # kv_outer: a pass's key blocks stay loaded for the next pass
+    dq_runs: int = 1  # dQ PSUM sums (runs of pairs of one query tile) one bank holds
 
 
 def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Target, lnc: int = 1):
@@ -294,19 +314,32 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         kv_block = 1
     lag = PIPELINE_LAG_Q
 
-    # SBUF bytes per partition, the live tiles at the peak (an upper bound).
+    # SBUF bytes per partition, the live tiles at the peak (an upper bound). Of the query
+    # side, this pass's and the next's (prefetched) rows are live together; O only for
+    # the next pass (dead once its D is made, during this pass), dQ sums only for this one.
     q_side = 2 * n_qt * d * item  # Q and dO rows
     q_side += 2 * d_chunks * rows * item  # Q^T and dO^T
     q_side += 2 * n_qt * 4  # -lse and -D columns
-    q_side += n_qt * d * item  # O rows (for D)
-    key_tile = 2 * d * item + 2 * d_chunks * tk * item  # K and V rows, K^T and V^T
+    q_once = n_qt * d * item  # O rows (for D)
+    rows_t = d_chunks * tk * item  # K^T or V^T of a key tile
+    key_tile = 2 * d * item + 2 * rows_t  # K and V rows, K^T and V^T
+    kv_resident = False
     if config.loop_order == "kv_outer":
-        q_side += n_qt * d * 4  # dQ accumulators
+        q_once += n_qt * d * 4  # dQ accumulators
         kv_side = 2 * kv_block * key_tile  # this key block and the next (prefetch)
+        # Resident: a pass's key blocks stay for the next pass that sees them too (the
+        # group's heads one after the other over a block of rows: one load and one set of
+        # transposes per key tile and block of rows, not per head), when SBUF holds K, K^T
+        # and V^T of the most blocks a pass sees and the next one's first (V rows die at
+        # their transposes: two blocks' worth in flight).
+        most = _most_pass_blocks(sq, sk, tq, tk, config.q_block, kv_block, bounds)
+        resident = (most + 1) * kv_block * (d * item + 2 * rows_t) + 2 * kv_block * d * item
+        resident_extra = resident - kv_side
     else:
         kv_side = n_kt * key_tile  # every key tile of the head
+        resident_extra = 0
     group = 2 * n_kt * d * 4  # dK and dV fp32 accumulators over the query heads
-    q_side = 2 * q_side + d * 4  # this pass and the next (prefetch); one dO * O product
+    q_side = 2 * q_side + q_once + d * 4  # this pass and the next; one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
     softcap = float(problem.get("softcap", 0.0))
     if softcap:  # t^2 and P (1 - t^2) of the pairs in flight
@@ -322,7 +355,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         pair += (DROPOUT_STAGES + 1) * keys * 8 + keys * 4
     if features["mask_row"]:  # the group's bias rows (and their raw loads), on one partition
         pair += (groups if features["mask_dims"][1] else 1) * sk * 8
-    staging = d * item  # one output tile in the output dtype
+    staging = STORE_TILES * d * item  # one run of output tiles in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
     # softcap: the tanh tiles of 2 key blocks made ahead (this one's and the next's), else
     # of 1, else each pair's own: as many as SBUF holds.
@@ -336,7 +369,14 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     bounded = runtime_bounds_mode(problem, target)
     if bounded:  # the bounds, and each pair's scaled scores masked in SBUF before the exp
         sbuf += bounds_bytes(bounded, sq, tq) + (lag + 1) * keys * 4
+    if config.loop_order == "kv_outer":
+        kv_resident = resident_extra <= 0 or sbuf + resident_extra <= target.sbuf_usable_bytes
+        if kv_resident:
+            sbuf += max(0, resident_extra)
 
+    # PE transposes of the loads write the input dtype to PSUM from NeuronCore-v3 (fp32
+    # before): a bank holds t_group row tiles of both sides, transposed.
+    psum_item = item if target.has_transpose_mode else 4
     # PSUM: S and dP (one bank, side by side); dQ's sum; dK's and dV's sums (a block's, or
     # one pair's partials); the dS^T of a PE transpose; one bank for the PE transposes of
     # the loads.
@@ -378,22 +418,45 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         psum_banks=banks,
         packed=bool(problem.get("packed", False)),
         runtime_bounds=bounded,
+        hwdge=target.has_hwdge,
+        kv_resident=kv_resident,
+        dq_runs=max(1, target.psum_bank_bytes // (d * 4)),
+        t_group=max(1, target.psum_bank_bytes // (2 * d_chunks * tq * psum_item)),
     )
+
+
+def _most_pass_blocks(sq, sk, tq, tk, q_block, kv_block, bounds):
+    """The most key blocks (``kv_block`` tiles of ``tk`` keys, from key 0) one query pass
+    (``q_block`` tiles of ``tq`` rows) sees within ``bounds``."""
+    most = 0
+    tiles = tiled(sq, tq)
+    for p0, n_pass in tiled(len(tiles), q_block):
+        lo, hi = sk, 0
+        for q0, n_q in tiles[p0 : p0 + n_pass]:
+            k_start, k_end, _, _ = key_bounds(q0, n_q, sq, sk, bounds)
+            if k_end > k_start:
+                lo, hi = min(lo, k_start), max(hi, k_end)
+        if hi > lo:
+            most = max(most, (hi - 1) // (tk * kv_block) - lo // (tk * kv_block) + 1)
+    return most
 
 
 def _query_passes(groups, sq, sk, tq, q_block, bounds):
     """A KV group's query passes ``(head within the group, first tile, tiles)`` in the
     kernel's order, and each one's cost: the keys its query rows see (all of Sk, or those
     within the window ``bounds``, aligned bottom-right) plus one tile of fixed work per
-    query tile."""
+    query tile. The group's heads run one after the other over each block of query rows:
+    their passes see the same key tiles, which stay loaded from one to the next
+    (``kv_resident``), and a key tile no later block of rows sees is final (its dK and dV
+    are stored while the kernel goes on)."""
     passes, costs = [], []
     tiles = tiled(sq, tq)
-    for g in range(groups):
-        for p0, n_pass in tiled(len(tiles), q_block):
-            cost = 0
-            for q0, n_q in tiles[p0 : p0 + n_pass]:
-                k_start, k_end, _, _ = key_bounds(q0, n_q, sq, sk, bounds)
-                cost += max(0, k_end - k_start) + tq
+    for p0, n_pass in tiled(len(tiles), q_block):
+        cost = 0
+        for q0, n_q in tiles[p0 : p0 + n_pass]:
+            k_start, k_end, _, _ = key_bounds(q0, n_q, sq, sk, bounds)
+            cost += max(0, k_end - k_start) + tq
+        for g in range(groups):
             passes.append((g, p0, n_pass))
             costs.append(cost)
     return passes, costs
@@ -446,20 +509,24 @@ class QueryPass(nl.NKIObject):
     h: int = 0  # the query head
     feat: object = None  # ScoreInputs (attention mask, dropout), None without them
     row_key: object = None  # [tq, n_tiles] int32 dropout row keys, None without dropout
+    steps: list = None  # (kind, first live index, count): "t" transposes, "d" -lse and -D
 
 
 @dataclass
 class KeyTile(nl.NKIObject):
     """One key tile's SBUF tiles, from its row loads (:func:`_load_kv_rows`) and transposes
-    (:func:`_transpose_kv`) to the last tile pair that reads it."""
+    (:func:`_transpose_kv`) to the last tile pair that reads it. The rows and transposes
+    are slot ``slot`` of its key block's tensors (one DMA per block and side)."""
 
-    k: object  # [tk, D] K rows (the moving operand of dQ += dS K)
-    v: object  # [tk, D] V rows (what V^T's PE transposes read)
-    k_t: object  # [d_tile, d_chunks, tk] K^T, D on partitions (S = Q K^T)
-    v_t: object  # [d_tile, d_chunks, tk] V^T (dP = dO V^T)
+    k: object  # [tk, block tiles, D] K rows, this tile's at [:, slot, :] (dQ += dS K moves it)
+    v: object  # [tk, block tiles, D] V rows (what V^T's PE transposes read)
+    k_t: object  # [d_tile, d_chunks, block tiles * tk] K^T, this tile's columns from c0
+    v_t: object  # [d_tile, d_chunks, block tiles * tk] V^T (dP = dO V^T)
     k_src: object  # its K rows in HBM (what DMA transposes read)
     v_src: object  # its V rows in HBM
     n: int  # keys in the tile: tile_k, or fewer at the end of Sk
+    slot: int = 0  # the tile within its block's tensors
+    c0: int = 0  # its first column of k_t and v_t (slot * tile_k)
 
 
 @dataclass
@@ -483,6 +550,8 @@ class QuerySums(nl.NKIObject):
     dq: object  # kv_outer: [tq, n_tiles, D] fp32 SBUF, tile t at [:, t, :]; q_outer: None
     dq_ps: object  # [tq, D] fp32 PSUM: the current run's sum, None before the first
     started: list  # per query tile: dq holds a sum (kv_outer) or it was stored (q_outer)
+    dq_bank: object = None  # [tq, runs, D] fp32 PSUM: one bank the next runs' sums share
+    runs: int = 0  # runs begun in this pass
 
 
 @dataclass
@@ -507,22 +576,58 @@ class PairTiles(nl.NKIObject):
     ds_t: object  # [tk, tq] dS^T: made in stage 2 for stage 3, None before
 
 
+def _dma(dst, src, plan):
+    """One HBM <-> SBUF copy: on SyncE's hardware DGE queue where the target has one
+    (NeuronCore-v3+; nki/api/nki/isa dma_copy: ``dge_mode``, ``engine``), so the bulk row
+    loads and gradient stores neither take GpSimd's instruction slots (a software DGE
+    trigger each) nor queue in front of the dS^T DMA transposes, which stay on GpSimd's
+    queue (a direct DMA transpose takes only ``unknown`` or a 16-row ``hwdge`` source)."""
+    if plan.hwdge:
+        nisa.dma_copy(dst=dst, src=src, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.sync)
+    else:
+        nisa.dma_copy(dst=dst, src=src)
+
+
 def _load_rows(src, rows_dst, plan):
     """DMA ``src [n, D]`` (HBM) into ``rows_dst [n, D]`` (SBUF)."""
-    nisa.dma_copy(dst=rows_dst, src=src)
+    _dma(rows_dst, src, plan)
 
 
-def _transpose_rows(src, rows, t_dst, n, plan, psum_dtype):
-    """Fill the D-chunk views ``t_dst[c] [d_tile, n]`` with the transpose of ``src [n, D]``:
-    DMA transposes from HBM, or PE transposes of the SBUF ``rows`` through PSUM."""
-    d, dt = plan.d, plan.d_tile
-    for c, (d0, dcs) in enumerate(tiled(d, dt)):
-        if plan.transpose == "dma":
-            nisa.dma_transpose(dst=t_dst[c][0:dcs, 0:n], src=src[0:n, d0 : d0 + dcs])
+def _tile_runs(tiles, full, longest=0, ragged=False):
+    """Runs ``(first index, count, rows of its last)`` of consecutive ``(index, rows)``
+    entries of ``tiles`` (in increasing index order) whose rows are ``full`` (a sequence's
+    last tile may be shorter: with ``ragged`` it may end a run, else it is a run of its
+    own), at most ``longest`` entries each (0: no limit). One DMA (or one PSUM tile of
+    transposes) takes each run."""
+    runs = []
+    for i, n in tiles:
+        extend = len(runs) > 0 and runs[-1][2] == full and runs[-1][0] + runs[-1][1] == i
+        if n != full and not ragged:
+            extend = False
+        if extend and longest > 0 and runs[-1][1] >= longest:
+            extend = False
+        if extend:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
         else:
-            tp = nl.ndarray((dcs, n), dtype=psum_dtype, buffer=nl.psum, name="load_t")
-            nisa.nc_transpose(dst=tp, data=rows[0:n, d0 : d0 + dcs])
-            nisa.tensor_copy(dst=t_dst[c][0:dcs, 0:n], src=tp)
+            runs.append((i, 1, n))
+    return runs
+
+
+def _tiled_rows(rows, r0, n_tiles, tile, n_last):
+    """The ``[tile, n_tiles, F]`` view (row ``r0 + u * tile + p`` at ``[p, u, :]``) of the 2-D
+    HBM view ``rows [R, F]``; a single tile of ``n_last`` rows stays ``[n_last, F]``."""
+    if n_tiles == 1:
+        return rows[r0 : r0 + n_last, :]
+    f = rows.shape[1]
+    return rows[r0 : r0 + n_tiles * tile, :].reshape((n_tiles, tile, f)).permute((1, 0, 2))
+
+
+def _transpose_rows(src, t_dst, n, plan):
+    """Fill the D-chunk views ``t_dst[c] [d_tile, n]`` with the transpose of ``src [n, D]``
+    (HBM) by DMA transposes (``transpose="dma"``; PE transposes go by
+    :func:`_transpose_group`)."""
+    for c, (d0, dcs) in enumerate(tiled(plan.d, plan.d_tile)):
+        nisa.dma_transpose(dst=t_dst[c][0:dcs, 0:n], src=src[0:n, d0 : d0 + dcs])
 
 
 def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
@@ -549,7 +654,7 @@ def _tanh_scores(qs, kv, pair, scale, plan):
     key block's pairs at once: see the kernel's loop)."""
     n_q, n_k = pair.n_q, pair.n_k
     s_ps = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.psum, name="s_cap")
-    matmul_over_d(s_ps[0:n_q, 0:n_k], qs.q_t, pair.t * plan.tile_q, n_q, kv.k_t, 0, n_k, plan)
+    matmul_over_d(s_ps[0:n_q, 0:n_k], qs.q_t, pair.t * plan.tile_q, n_q, kv.k_t, kv.c0, n_k, plan)
     tanh_s = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
     nisa.activation(
         dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=s_ps[0:n_q, 0:n_k], scale=scale / plan.softcap
@@ -557,7 +662,7 @@ def _tanh_scores(qs, kv, pair, scale, plan):
     return tanh_s
 
 
-def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None):
+def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None, s_dp=None):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
     the diagonal) and ``dS = P * (dP - D)``; with a softcap, ``P = exp(softcap t - lse)``
     from ``tanh_s`` (:func:`_tanh_scores`) and ``dS = P (1 - t^2) (dP - D)``. Returns the
@@ -568,7 +673,8 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None):
     # S and dP side by side in one PSUM bank ([tq, 2, tk] fp32 <= 1 KiB per partition):
     # a pair holds one bank instead of two, so more pairs are in flight (modeled 61.2% vs
     # 53.4% TensorE at S4096; a matmul may write any region within one bank).
-    s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
+    if s_dp is None:
+        s_dp = nl.ndarray((tq, 2, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp")
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
     if plan.mask and not plan.mask_row and mask_t is None:  # (else loaded pairs ahead)
         mask_t = load_mask_tile(qs.feat, qs.h, pair.q0, n_q, pair.k0, n_k, plan)
@@ -576,7 +682,7 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None):
         src, exp_scale = tanh_s[0:n_q, 0:n_k], plan.softcap
     else:
         s = s_dp[:, 0, :]
-        matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, 0, n_k, plan)
+        matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, kv.c0, n_k, plan)
         if plan.mask_row:  # the mask's bias row added to S in PSUM (TensorE)
             add_row_mask(s[0:n_q, 0:n_k], qs.feat, qs.h, n_q, pair.k0, n_k, plan)
         src, exp_scale = s[0:n_q, 0:n_k], scale
@@ -611,7 +717,7 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None):
             dst=p[0:n_q, 0:n_k], src=0.0, predicate=mask_t, reverse_pred=True
         )
     dp = s_dp[:, 1, :]
-    matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, 0, n_k, plan)
+    matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, kv.c0, n_k, plan)
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
     neg_d = qs.neg_dvec[0:n_q, t : t + 1]
     if plan.dropout:
@@ -759,14 +865,27 @@ def _kv_grads(st, qs, pair, first, last, sums, plan, psum_dtype):
     )
     if plan.loop_order == "kv_outer":
         if last:
+            # one fold per run of the block's slots alike (summed here, first sum or not,
+            # full tiles): dK's whole bank first, so the next block's PSUM tiles wait for
+            # one VectorE pass over it, not for 2 x kv_block small ones
+            runs = []
             for slot in range(kb):
+                jj = jb + slot
+                nk = min(tk, plan.sk - jj * tk)
                 if sums.in_block[slot]:
-                    jj = jb + slot
-                    nk = min(tk, plan.sk - jj * tk)
-                    started = sums.started[jj]
-                    _fold(sums.dk[0:nk, jj, :], sums.dk_ps[0:nk, slot, :], not started)
-                    _fold(sums.dv[0:nk, jj, :], sums.dv_ps[0:nk, slot, :], not started)
-                    sums.started[jj] = True
+                    key = (sums.started[jj], nk)
+                    if len(runs) > 0 and runs[-1][2] == key and runs[-1][0] + runs[-1][1] == slot:
+                        runs[-1] = (runs[-1][0], runs[-1][1] + 1, key)
+                    else:
+                        runs.append((slot, 1, key))
+            for acc, ps in ((sums.dk, sums.dk_ps), (sums.dv, sums.dv_ps)):
+                for s0, ns, key in runs:
+                    started, nk = key
+                    j0 = jb + s0
+                    _fold(acc[0:nk, j0 : j0 + ns, :], ps[0:nk, s0 : s0 + ns, :], not started)
+            for s0, ns, _ in runs:
+                for u in range(ns):
+                    sums.started[jb + s0 + u] = True
     else:
         started = sums.started[j]
         _fold(sums.dk[0:n_k, j, :], dk_ps, not started)
@@ -786,11 +905,19 @@ def _q_grads(st, kv, pair, first, last, sums, dq_dst, scale, plan):
     t, q0, n_q, n_k = pair.t, pair.q0, pair.n_q, pair.n_k
     tq, d = plan.tile_q, plan.d
     if first:
-        sums.dq_ps = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.psum, name="dq_ps")
+        # consecutive runs' sums share one PSUM bank (as many as it holds at D), so a new
+        # run waits for a bank once per bank, not once per run
+        per_bank = plan.dq_runs
+        if sums.runs % per_bank == 0:
+            sums.dq_bank = nl.ndarray(
+                (tq, per_bank, d), dtype=nl.float32, buffer=nl.psum, name="dq_ps"
+            )
+        sums.dq_ps = sums.dq_bank[:, sums.runs % per_bank, :]
+        sums.runs += 1
     nisa.nc_matmul(
         dst=sums.dq_ps[0:n_q, :],
         stationary=st.ds_t[0:n_k, 0:n_q],
-        moving=kv.k[0:n_k, :],
+        moving=kv.k[0:n_k, kv.slot, :],
         accumulate=not first,
     )
     if not last:
@@ -847,52 +974,82 @@ def _query_pass_dma(dout, q, out, lse, sinks, dsink, b, one_pass, plan, bounds=N
         qs.live.append((t, n_q))
         qs.q_src.append(q[b, h, q0 : q0 + n_q, :])
         qs.do_src.append(dout[b, h, q0 : q0 + n_q, :])
-        _load_rows(q[b, h, q0 : q0 + n_q, :], qs.q[0:n_q, t, :], plan)
-        _load_rows(dout[b, h, q0 : q0 + n_q, :], qs.do[0:n_q, t, :], plan)
-        _load_rows(out[b, h, q0 : q0 + n_q, :], qs.o[0:n_q, t, :], plan)
-        nisa.dma_copy(dst=qs.neg_lse[0:n_q, t : t + 1], src=lse[b, h, q0 : q0 + n_q])
         if plan.dropout:
             load_row_keys(qs.row_key[0:n_q, t : t + 1], feat, h, q0, n_q)
+    # Q, dO and O rows and lse: one DMA per run of consecutive live tiles each (a DMA's
+    # fixed cost is paid per DMA and engine, not per tile).
+    r_pass = p0 * tq
+    qs.steps = []
+    a = 0
+    for _, nt, _ in _tile_runs(qs.live, tq, plan.t_group, True):
+        qs.steps.append(("t", a, nt))
+        for u in range(nt):
+            qs.steps.append(("d", a + u, 1))
+        a += nt
+    for t0, nt, n_last in _tile_runs(qs.live, tq):
+        r0 = r_pass + t0 * tq
+        n_rows = n_last if nt == 1 else tq
+        for src, dst in ((q, qs.q), (dout, qs.do), (out, qs.o)):
+            rows = _tiled_rows(src[b, h], r0, nt, tq, n_last)
+            if nt == 1:
+                _load_rows(rows, dst[0:n_rows, t0, :], plan)
+            else:
+                _load_rows(rows, dst[:, t0 : t0 + nt, :], plan)
+        if nt == 1:
+            _dma(qs.neg_lse[0:n_rows, t0 : t0 + 1], lse[b, h, r0 : r0 + n_rows], plan)
+        else:
+            lse_rows = lse[b, h, r0 : r0 + nt * tq].reshape((nt, tq)).permute((1, 0))
+            _dma(qs.neg_lse[:, t0 : t0 + nt], lse_rows, plan)
     return qs
 
 
 def _query_pass_prepare(qs, plan, psum_dtype):
     """Phase 2 of a query pass, once its rows have arrived: Q^T and dO^T, ``-lse`` and
-    ``-D = -rowsum(dO * O)`` columns."""
+    ``-D = -rowsum(dO * O)`` columns, step by step (:func:`_prepare_step`)."""
+    for i in range(len(qs.steps)):
+        _prepare_step(qs, i, plan, psum_dtype)
+
+
+def _prepare_step(qs, i, plan, psum_dtype):
+    """Step ``i`` of :func:`_query_pass_prepare` (``qs.steps``): the transposes of a group
+    of consecutive live tiles (as many as one PSUM bank holds), or one live tile's ``-lse``
+    and ``-D``. The kernel spreads the next pass's steps over this pass's tile pairs, so no
+    engine's in-order queue takes a burst of them at once."""
     tq, d = plan.tile_q, plan.d
-    for a in range(len(qs.live)):
-        t, n_q = qs.live[a]
-        q_tv, do_tv = [], []
-        for c in range(plan.d_chunks):
-            q_tv.append(qs.q_t[:, c, t * tq : t * tq + n_q])
-            do_tv.append(qs.do_t[:, c, t * tq : t * tq + n_q])
-        q_rows, do_rows = qs.q[0:n_q, t, :], qs.do[0:n_q, t, :]
-        _transpose_rows(qs.q_src[a], q_rows, q_tv, n_q, plan, psum_dtype)
-        _transpose_rows(qs.do_src[a], do_rows, do_tv, n_q, plan, psum_dtype)
-        nisa.tensor_scalar(
-            dst=qs.neg_lse[0:n_q, t : t + 1],
-            data=qs.neg_lse[0:n_q, t : t + 1],
-            op0=nl.multiply,
-            operand0=-1.0,
-        )
+    kind, a0, na = qs.steps[i]
+    if kind == "t" and plan.transpose == "dma":
+        for a in range(a0, a0 + na):
+            t, n_q = qs.live[a]
+            q_tv, do_tv = [], []
+            for c in range(plan.d_chunks):
+                q_tv.append(qs.q_t[:, c, t * tq : t * tq + n_q])
+                do_tv.append(qs.do_t[:, c, t * tq : t * tq + n_q])
+            _transpose_rows(qs.q_src[a], q_tv, n_q, plan)
+            _transpose_rows(qs.do_src[a], do_tv, n_q, plan)
+    elif kind == "t":
+        sides = ((qs.q, qs.q_t), (qs.do, qs.do_t))
+        n_last = qs.live[a0 + na - 1][1]
+        _transpose_group(sides, qs.live[a0][0], na, n_last, tq, plan, psum_dtype)
+    else:
+        t, n_q = qs.live[a0]
+        lse_col = qs.neg_lse[0:n_q, t : t + 1]
+        nisa.tensor_scalar(dst=lse_col, data=lse_col, op0=nl.multiply, operand0=-1.0)
         if plan.mask:  # rows the mask leaves with no key (lse = -inf): P = exp(. - 3e38) = 0
-            dead = dead_rows_column(qs.neg_lse[0:n_q, t : t + 1], n_q)
-            nisa.tensor_copy_predicated(
-                dst=qs.neg_lse[0:n_q, t : t + 1], src=DEAD_ROW_BIAS, predicate=dead
-            )
+            dead = dead_rows_column(lse_col, n_q)
+            nisa.tensor_copy_predicated(dst=lse_col, src=DEAD_ROW_BIAS, predicate=dead)
         prod = nl.ndarray((tq, d), dtype=nl.float32, buffer=nl.sbuf, name="do_o")
         nisa.tensor_tensor(
-            dst=prod[0:n_q, :], data1=do_rows, data2=qs.o[0:n_q, t, :], op=nl.multiply
+            dst=prod[0:n_q, :],
+            data1=qs.do[0:n_q, t, :],
+            data2=qs.o[0:n_q, t, :],
+            op=nl.multiply,
+            engine=nisa.engine.gpsimd,
         )
         nisa.tensor_reduce(
-            dst=qs.neg_dvec[0:n_q, t : t + 1],
-            op=nl.add,
-            data=prod[0:n_q, :],
-            axis=1,
-            negate=True,
+            dst=qs.neg_dvec[0:n_q, t : t + 1], op=nl.add, data=prod[0:n_q, :], axis=1, negate=True
         )
         if qs.sink is not None:
-            _dsink_rows(qs, a, t, n_q)
+            _dsink_rows(qs, a0, t, n_q)
 
 
 def _dsink_rows(qs, a, t, n_q):
@@ -909,49 +1066,107 @@ def _dsink_rows(qs, a, t, n_q):
     nisa.dma_copy(dst=qs.dsink_dst[a], src=part)
 
 
-def _load_kv_rows(k, v, b, hk, j, plan):
-    """Phase 1 of loading key tile ``j``: its K and V rows by DMA (and, with DMA transposes,
-    K^T and V^T too). Returns the tile's :class:`KeyTile`."""
+def _load_kv_rows(k, v, b, hk, j0, n_j, plan):
+    """Phase 1 of loading key tiles ``j0 .. j0 + n_j - 1`` (a key block): their K and V
+    rows, one DMA per side for the block's full tiles (and, with DMA transposes, K^T and
+    V^T too). Returns the tiles' :class:`KeyTile` s."""
     tk, d = plan.tile_k, plan.d
-    k0 = j * tk
-    n_k = min(tk, plan.sk - k0)
-    kv = KeyTile(
-        k=nl.ndarray((tk, d), dtype=k.dtype, buffer=nl.sbuf, name="k_rows"),
-        v=nl.ndarray((tk, d), dtype=v.dtype, buffer=nl.sbuf, name="v_rows"),
-        k_t=nl.ndarray((plan.d_tile, plan.d_chunks, tk), dtype=k.dtype, buffer=nl.sbuf),
-        v_t=nl.ndarray((plan.d_tile, plan.d_chunks, tk), dtype=v.dtype, buffer=nl.sbuf),
-        k_src=k[b, hk, k0 : k0 + n_k, :],
-        v_src=v[b, hk, k0 : k0 + n_k, :],
-        n=n_k,
-    )
-    _load_rows(kv.k_src, kv.k[0:n_k, :], plan)
+    k_rows = nl.ndarray((tk, n_j, d), dtype=k.dtype, buffer=nl.sbuf, name="k_rows")
+    v_rows = nl.ndarray((tk, n_j, d), dtype=v.dtype, buffer=nl.sbuf, name="v_rows")
+    k_t = nl.ndarray((plan.d_tile, plan.d_chunks, n_j * tk), dtype=k.dtype, buffer=nl.sbuf)
+    v_t = nl.ndarray((plan.d_tile, plan.d_chunks, n_j * tk), dtype=v.dtype, buffer=nl.sbuf)
+    tiles, sizes = [], []
+    for u in range(n_j):
+        k0 = (j0 + u) * tk
+        n_k = min(tk, plan.sk - k0)
+        kv = KeyTile(
+            k=k_rows,
+            v=v_rows,
+            k_t=k_t,
+            v_t=v_t,
+            k_src=k[b, hk, k0 : k0 + n_k, :],
+            v_src=v[b, hk, k0 : k0 + n_k, :],
+            n=n_k,
+            slot=u,
+            c0=u * tk,
+        )
+        tiles.append(kv)
+        sizes.append((u, n_k))
+    sides = [(k, k_rows)]
     if plan.transpose != "dma":
-        _load_rows(kv.v_src, kv.v[0:n_k, :], plan)
-    else:
-        _transpose_kv(kv, plan, None)
-    return kv
+        sides.append((v, v_rows))
+    for u0, nu, n_last in _tile_runs(sizes, tk):
+        for src, rows in sides:
+            view = _tiled_rows(src[b, hk], (j0 + u0) * tk, nu, tk, n_last)
+            if nu == 1:
+                _load_rows(view, rows[0:n_last, u0, :], plan)
+            else:
+                _load_rows(view, rows[:, u0 : u0 + nu, :], plan)
+    if plan.transpose == "dma":
+        for kv in tiles:
+            _transpose_kv([kv], plan, None)
+    return tiles
 
 
-def _transpose_kv(kv, plan, psum_dtype):
-    """Phase 2 of loading a key tile: K^T and V^T (issued once its rows have arrived)."""
-    n_k = kv.n
-    k_tv, v_tv = [], []
-    for c in range(plan.d_chunks):
-        k_tv.append(kv.k_t[:, c, 0:n_k])
-        v_tv.append(kv.v_t[:, c, 0:n_k])
-    _transpose_rows(kv.k_src, kv.k[0:n_k, :], k_tv, n_k, plan, psum_dtype)
-    _transpose_rows(kv.v_src, kv.v[0:n_k, :], v_tv, n_k, plan, psum_dtype)
+def _transpose_kv(tiles, plan, psum_dtype):
+    """Phase 2 of loading key tiles (of one block, in slot order): K^T and V^T, issued once
+    their rows have arrived: DMA transposes from HBM, or PE transposes of the rows, as many
+    tiles at a time as one PSUM bank holds (:func:`_transpose_group`)."""
+    if plan.transpose == "dma":
+        for kv in tiles:
+            k_tv, v_tv = [], []
+            for c in range(plan.d_chunks):
+                k_tv.append(kv.k_t[:, c, kv.c0 : kv.c0 + kv.n])
+                v_tv.append(kv.v_t[:, c, kv.c0 : kv.c0 + kv.n])
+            _transpose_rows(kv.k_src, k_tv, kv.n, plan)
+            _transpose_rows(kv.v_src, v_tv, kv.n, plan)
+        return
+    kv0 = tiles[0]
+    sizes = []
+    for kv in tiles:
+        sizes.append((kv.slot, kv.n))
+    sides = ((kv0.k, kv0.k_t), (kv0.v, kv0.v_t))
+    for u0, nu, n_last in _tile_runs(sizes, plan.tile_k, plan.t_group, True):
+        _transpose_group(sides, u0, nu, n_last, plan.tile_k, plan, psum_dtype)
+
+
+def _transpose_group(sides, u0, nu, n_last, tile, plan, psum_dtype):
+    """PE transposes of tiles ``u0 .. u0 + nu - 1`` (all ``tile`` rows but the last, with
+    ``n_last``) of each ``(rows [tile, tiles, D], dst [d_tile, d_chunks, tiles * tile])``
+    of ``sides`` (2 sides: K and V, or Q and dO) into one PSUM tile, evacuated by one copy
+    per side and D chunk (VectorE; ScalarE when ``plan.elementwise`` is "vector"). One
+    bank holds ``plan.t_group`` tiles of both sides: a handful of transposes run back to
+    back into it, not one bank rotation (and one small copy) per transpose."""
+    dt, dc = plan.d_tile, plan.d_chunks
+    tp = nl.ndarray((dt, 2 * dc, nu * tile), dtype=psum_dtype, buffer=nl.psum, name="load_t")
+    cols = (nu - 1) * tile + n_last
+    for s, (rows, _) in enumerate(sides):
+        for u in range(nu):
+            n = tile if u < nu - 1 else n_last
+            for c, (d0, dcs) in enumerate(tiled(plan.d, dt)):
+                nisa.nc_transpose(
+                    dst=tp[0:dcs, s * dc + c, u * tile : u * tile + n],
+                    data=rows[0:n, u0 + u, d0 : d0 + dcs],
+                )
+    for s, (_, dst) in enumerate(sides):
+        for c, (_, dcs) in enumerate(tiled(plan.d, dt)):
+            out = dst[0:dcs, c, u0 * tile : u0 * tile + cols]
+            nisa.tensor_copy(dst=out, src=tp[0:dcs, s * dc + c, 0:cols])
 
 
 def _load_kv_block(k, v, b, hk, jb, kv_tiles, n_kt, plan, psum_dtype, phases):
     """Load the key tiles of block ``jb`` into ``kv_tiles``: ``phases`` 1 = rows (DMA),
     2 = transposes, 3 = both."""
     j0, n_j = tiled(n_kt, plan.kv_block)[jb]
-    for j in range(j0, j0 + n_j):
-        if phases != 2:
-            kv_tiles[j] = _load_kv_rows(k, v, b, hk, j, plan)
-        if phases != 1 and plan.transpose != "dma":
-            _transpose_kv(kv_tiles[j], plan, psum_dtype)
+    if phases != 2:
+        tiles = _load_kv_rows(k, v, b, hk, j0, n_j, plan)
+        for u in range(n_j):
+            kv_tiles[j0 + u] = tiles[u]
+    if phases != 1 and plan.transpose != "dma":
+        tiles = []
+        for j in range(j0, j0 + n_j):
+            tiles.append(kv_tiles[j])
+        _transpose_kv(tiles, plan, psum_dtype)
 
 
 def _store_scaled(dst, acc, n, scale, d):
@@ -962,6 +1177,48 @@ def _store_scaled(dst, acc, n, scale, d):
     else:
         nisa.tensor_scalar(dst=staged, data=acc, op0=nl.multiply, operand0=scale)
     nisa.dma_copy(dst=dst, src=staged)
+
+
+def _store_tiles(dst, acc, entries, tile, scale, plan, on_scalar=False):
+    """Store ``scale * acc[:, i, :]`` (fp32 SBUF ``[tile, tiles, D]``) into rows
+    ``i * tile ..`` of ``dst`` (HBM ``[rows, D]``) for the ``(i, rows, summed)`` entries (in
+    increasing ``i``), zeros for an entry not ``summed``: one staging tile, one scaling
+    (VectorE, or ScalarE when ``on_scalar``) and one DMA per run of consecutive full
+    tiles alike."""
+    d = plan.d
+    runs = []
+    for i, n, summed in entries:
+        extend = len(runs) > 0 and runs[-1][3] == summed and runs[-1][2] == tile
+        extend = extend and n == tile and runs[-1][0] + runs[-1][1] == i
+        extend = extend and runs[-1][1] < STORE_TILES
+        if extend:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, n, summed)
+        else:
+            runs.append((i, 1, n, summed))
+    for i0, nt, n_last, summed in runs:
+        staged = nl.ndarray((tile, nt, d), dtype=dst.dtype, buffer=nl.sbuf, name="grad_out")
+        rows = n_last if nt == 1 else tile
+        out = staged[0:rows, :, :]
+        if not summed:
+            nisa.memset(dst=out, value=0.0)
+        elif on_scalar:
+            src = acc[0:rows, i0 : i0 + nt, :]
+            nisa.activation(dst=out, op=nl.copy, data=src, scale=scale)
+        else:
+            src = acc[0:rows, i0 : i0 + nt, :]
+            nisa.tensor_scalar(dst=out, data=src, op0=nl.multiply, operand0=scale)
+        view = _tiled_rows(dst, i0 * tile, nt, tile, n_last)
+        _dma(view, out if nt > 1 else staged[0:rows, 0, :], plan)
+
+
+def _store_kv_sums(kv_sums, js, dk_dst, dv_dst, scale, plan):
+    """dK (scaled on ScalarE) and dV (VectorE; dropout's ``1 / (1 - p)``) of key tiles
+    ``js`` (increasing) into the rows of ``dk_dst``, ``dv_dst`` (HBM ``[Sk, D]``)."""
+    entries = []
+    for j in js:
+        entries.append((j, min(plan.tile_k, plan.sk - j * plan.tile_k), kv_sums.started[j]))
+    _store_tiles(dk_dst, kv_sums.dk, entries, plan.tile_k, scale, plan, True)
+    _store_tiles(dv_dst, kv_sums.dv, entries, plan.tile_k, plan.inv_keep, plan)
 
 
 def _pass_pairs(p0, n_tiles, n_kt, plan):
@@ -1082,12 +1339,9 @@ def flash_attention_bwd_kernel(
         )
         kv_all = None
         if not kv_outer:  # every key tile of the head stays in SBUF
-            kv_all = [None] * n_kt
-            for j in range(n_kt):
-                kv_all[j] = _load_kv_rows(k, v, b, hk, j, plan)
-            for j in range(n_kt):
-                if plan.transpose != "dma":
-                    _transpose_kv(kv_all[j], plan, psum_dtype)
+            kv_all = _load_kv_rows(k, v, b, hk, 0, n_kt, plan)
+            if plan.transpose != "dma":
+                _transpose_kv(kv_all, plan, psum_dtype)
         # This core's query passes of this KV head (all of them unless the group is split):
         # each query head's tiles, q_block at a time.
         passes = []
@@ -1097,6 +1351,18 @@ def flash_attention_bwd_kernel(
         for ps in passes:
             pass_pairs.append(_pass_pairs(ps[1], ps[2], n_kt, plan))
         kb = plan.kv_block
+        # per pass its key blocks in order of first use; per key tile the last pass seeing it
+        pass_blocks, last_pass = [], [-1] * n_kt
+        for i in range(len(passes)):
+            pass_blocks.append([])
+            for pr in pass_pairs[i]:
+                last_pass[pr.j] = i
+                if len(pass_blocks[i]) == 0 or pass_blocks[i][-1] != pr.j // kb:
+                    pass_blocks[i].append(pr.j // kb)
+        if slot < 0:
+            dk_dst, dv_dst = dk[b, hk], dv[b, hk]
+        else:  # this core's fp32 partial sums of a split group
+            dk_dst, dv_dst = dk_part[core, slot], dv_part[core, slot]
         qs_next = _query_pass_dma(dout, q, out, lse, sinks, dsink, b, passes[0], plan, bounds, feat)
         _query_pass_prepare(qs_next, plan, psum_dtype)
         kv_next = kv_all
@@ -1120,12 +1386,12 @@ def flash_attention_bwd_kernel(
                 )
                 if kv_outer and len(pass_pairs[i + 1]) > 0:
                     next_block = pass_pairs[i + 1][0].j // kb
-            if kv_outer and n_kt <= kb and next_block >= 0:
-                kv_next = kv_tiles  # one key block: the next pass reuses its tiles
-                next_block = -1
-            elif kv_outer:
+            if kv_outer:
                 kv_next = [None] * n_kt
-            prepared = False
+                if plan.kv_resident and next_block in pass_blocks[i]:
+                    next_block = -1  # held over from this pass (see its end)
+            loading = []  # (block, into kv_next) whose rows this pass loads: transposes due
+            prepared = 0  # steps of the next pass's preparation issued so far
             q_sums = QuerySums(dq=None, dq_ps=None, started=[False] * n_tiles)
             if kv_outer:
                 q_sums.dq = nl.ndarray(
@@ -1175,8 +1441,9 @@ def flash_attention_bwd_kernel(
                             ahead = blocks[at + 1]
                         else:
                             ahead, dst_tiles = next_block, kv_next
-                    if ahead >= 0 and first:
+                    if ahead >= 0 and first and dst_tiles[ahead * kb] is None:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
+                        loading.append((ahead, dst_tiles is kv_next))
                     if plan.softcap and plan.tanh_blocks == 0:
                         tanhs[n] = _tanh_scores(qs, kv_tiles[pair.j], pair, scale, plan)
                     if plan.softcap and plan.tanh_blocks > 0 and first and tanhs[n] is None:
@@ -1187,10 +1454,19 @@ def flash_attention_bwd_kernel(
                             tanhs[m] = _tanh_scores(qs, kv_tiles[pairs[m].j], pairs[m], scale, plan)
                             m += 1
                     kv_n = kv_tiles[pair.j]
-                    states[n] = _scores(qs, kv_n, pair, scale, plan, tanhs[n], drop[n], masks[n])
+                    # two consecutive pairs' S and dP share one PSUM bank ([tq, 4, tk] fp32)
+                    if n % 2 == 0:
+                        s_dp2 = nl.ndarray(
+                            (tq, 4, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp"
+                        )
+                    half = s_dp2[:, 2 * (n % 2) : 2 * (n % 2) + 2, :]
+                    states[n] = _scores(
+                        qs, kv_n, pair, scale, plan, tanhs[n], drop[n], masks[n], half
+                    )
                     tanhs[n], drop[n], masks[n] = None, None, None
                     if ahead >= 0 and last:
-                        _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
+                        if (ahead, dst_tiles is kv_next) in loading:
+                            _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
                         if plan.softcap and plan.tanh_blocks == 2 and dst_tiles is kv_tiles:
                             # the next key block of this pass is loaded: its tanh burst now,
                             # while this block's pairs drain, not when its first pair starts
@@ -1200,9 +1476,18 @@ def flash_attention_bwd_kernel(
                                     qs, kv_tiles[pairs[m].j], pairs[m], scale, plan
                                 )
                                 m += 1
-                    if n == n_pairs - 1 and has_next:
-                        _query_pass_prepare(qs_next, plan, psum_dtype)
-                        prepared = True
+                    if has_next:
+                        # the next pass's transposes, -lse and -D, tile by tile over this
+                        # pass's last 3/4 of pairs (its rows were loaded at this pass's
+                        # start): no burst of VectorE and PE work at the pass boundary
+                        n_next = len(qs_next.steps)
+                        lead = n_pairs // 4
+                        due = 0
+                        if n >= lead:
+                            due = ceil_div((n - lead + 1) * n_next, n_pairs - lead)
+                        while prepared < due:
+                            _prepare_step(qs_next, prepared, plan, psum_dtype)
+                            prepared += 1
                 n = step - plan.lag_kv
                 if 0 <= n < n_pairs:
                     first = n == 0 or kv_group[n - 1] != kv_group[n]
@@ -1215,27 +1500,34 @@ def flash_attention_bwd_kernel(
                     kv = kv_tiles[pairs[n].j]
                     _q_grads(states[n], kv, pairs[n], first, last, q_sums, dq[b, h], scale, plan)
                     states[n] = None
-            if has_next and not prepared:  # a pass no key reaches
+            if has_next and n_pairs == 0:  # a pass no key reaches
                 _query_pass_prepare(qs_next, plan, psum_dtype)
                 if next_block >= 0:
                     _load_kv_block(k, v, b, hk, next_block, kv_next, n_kt, plan, psum_dtype, 3)
+            if kv_outer and has_next and plan.kv_resident:
+                # the next pass's blocks this pass holds: kept, not loaded again
+                for jb in pass_blocks[i + 1]:
+                    if jb in pass_blocks[i]:
+                        j0, n_j = tiled(n_kt, kb)[jb]
+                        for j in range(j0, j0 + n_j):
+                            kv_next[j] = kv_tiles[j]
+            entries = []  # dq: this pass's tiles (under q_outer, those stored already skipped)
             for t, (q0, n_q) in enumerate(tiled(Sq, tq)[p0 : p0 + n_tiles]):
-                if not q_sums.started[t]:
-                    _store_scaled(dq[b, h, q0 : q0 + n_q, :], None, n_q, scale, D)
-                elif kv_outer:
-                    src = q_sums.dq[0:n_q, t, :]
-                    _store_scaled(dq[b, h, q0 : q0 + n_q, :], src, n_q, scale, D)
-        for j, (k0, n_k) in enumerate(tiled(Sk, tk)):
-            started = kv_sums.started[j]
-            dk_src = kv_sums.dk[0:n_k, j, :] if started else None
-            dv_src = kv_sums.dv[0:n_k, j, :] if started else None
-            if slot < 0:
-                dk_dst, dv_dst = dk[b, hk, k0 : k0 + n_k, :], dv[b, hk, k0 : k0 + n_k, :]
-            else:  # this core's fp32 partial sums of a split group
-                dk_dst = dk_part[core, slot, k0 : k0 + n_k, :]
-                dv_dst = dv_part[core, slot, k0 : k0 + n_k, :]
-            _store_scaled(dk_dst, dk_src, n_k, scale, D)
-            _store_scaled(dv_dst, dv_src, n_k, plan.inv_keep, D)  # dropout: 1 / (1 - p)
+                if kv_outer or not q_sums.started[t]:
+                    entries.append((t, n_q, q_sums.started[t]))
+            rows = dq[b, h, p0 * tq : p0 * tq + min(n_tiles * tq, Sq - p0 * tq), :]
+            _store_tiles(rows, q_sums.dq, entries, tq, scale, plan, True)
+            # key tiles no later pass of this core sees: dK and dV are final, stored now
+            done = []
+            for j in range(n_kt):
+                if last_pass[j] == i:
+                    done.append(j)
+            _store_kv_sums(kv_sums, done, dk_dst, dv_dst, scale, plan)
+        rest = []  # key tiles no pass of this core sees: zeros
+        for j in range(n_kt):
+            if last_pass[j] < 0:
+                rest.append(j)
+        _store_kv_sums(kv_sums, rest, dk_dst, dv_dst, scale, plan)
     if plan.split_groups and sinks is not None:
         return dq_hbm, dk_hbm, dv_hbm, dk_part, dv_part, dsink
     if plan.split_groups:
