@@ -21,8 +21,11 @@ The contract both directions keep:
       ``j`` iff ``i + (Sk - Sq) - left <= j <= i + (Sk - Sq) + right``. With ``causal``
       the causal bound also holds (the intersection). Rows that see no key give
       ``out = 0`` and ``lse = -inf`` as above. Tiles no row sees are skipped at trace
-      time (a window of W keys costs O(S * W) tiles), tiles a window edge crosses are
-      masked (GpSimd ``affine_select``, one per edge that crosses).
+      time (a window of W keys costs O(S * W) tiles). The forward adds a window edge (and
+      the causal diagonal) to the raw scores in PSUM as a bias matmul per 128-key chunk it
+      crosses (:class:`EdgeBias`: the identity times a 0 / ``MASK_FILL / scale`` tile);
+      with a softcap, a mask kept in SBUF, run-time bounds or rows that see no key, and
+      in the backward, the crossed tiles are masked by GpSimd ``affine_select`` instead.
     - ``softcap > 0``: the scaled scores ``s = scale * q . k`` become
       ``softcap * tanh(s / softcap)`` before the softmax (FlashAttention, Gemma 2; the scale
       first); lse is over the capped scores; the backward multiplies by
@@ -70,10 +73,10 @@ The forward kernel, two-pass softmax (the default; K/V resident in SBUF)::
                  for every key tile it sees]                  # causal: clipped at the diagonal
         for step i (software pipeline, one key tile per stage):
             q^T load              of step i + lead + q_prefetch (its first key tile)
-            max pass              of step i + lead: S = q K^T (TensorE, PSUM), row max
-                                  on VectorE from PSUM; diagonal tiles scaled and masked
-                                  into SBUF (GpSimd) and kept; a tile's last: -max
-            exp pass              of step i: S again (TensorE), P = exp(scale S - max) on
+            max pass              of step i + lead: S = q K^T (TensorE, PSUM; + the edge
+                                  bias where the diagonal or a window edge crosses), row
+                                  max on VectorE from PSUM; a tile's last: -max
+            exp pass              of step i: S again (TensorE, + bias), P = exp(scale S - max) on
                                   ScalarE, its row sum in ScalarE's reduce registers
             P^T                   of step i - lag_transpose: DMA transpose SBUF to SBUF
                                   (p_dma_tiles of 4), else TensorE + copy out of PSUM
