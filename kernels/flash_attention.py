@@ -680,9 +680,11 @@ class FlashAttentionConfig(TunableConfig):
         512, (128, 512), "modeled: one full PSUM bank of scores per exp/reduce pass"
     )
     kv_block: int = tunable(
-        4096,
-        (512, 4096),
-        "modeled: K/V of a 4096-token head stay resident, loaded once per KV head",
+        8192,
+        (512, 4096, 8192, 16384),
+        "modeled: K/V of an 8192-token head stay resident (two-pass softmax), loaded once "
+        "per KV head: Sq=Sk=8192 D=128 bf16 causal, 4 heads, LNC=1: 1735 us vs 3416 us "
+        "with 4096 (two blocks: the online softmax)",
     )
     load_transpose: str = tunable(
         "pe", ("pe", "dma", "strided"), "correctness: valid for every dtype and target"
@@ -769,6 +771,10 @@ class FlashAttentionPlan(nl.NKIObject):
     # are kernel data (:func:`load_bounds`) and every score tile is masked with them
     # (:func:`mask_bounds`): "range_select" (NeuronCore-v3+) or "iota" (v2).
     runtime_bounds: str = ""
+    # Window edges and the causal diagonal masked on TensorE, the scores raw in PSUM
+    # (:func:`uses_edge_bias`, :class:`EdgeBias`); query tiles with dead rows still mask
+    # in SBUF.
+    edge_bias: bool = False
 
 
 def score_features(problem: dict) -> dict:
@@ -871,6 +877,12 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
     stored_mask = bool(features["mask"]) and not features["mask_row"]
     bounded = runtime_bounds_mode(problem, target)
     refuse_bounds_features(OP, problem, features)
+    edge_bias = uses_edge_bias(left, right, softcap, stored_mask, bounded, scale)
+    # Tiles still masked in SBUF: every crossed one, or with the edge bias only those of
+    # query tiles with dead rows (Sq > Sk + right).
+    masked_sbuf = left >= 0 or right >= 0 or softcap > 0 or stored_mask or bool(bounded)
+    if edge_bias and dead_rows(0, sq, sq, sk, (left, right)) == 0:
+        masked_sbuf = False
     if config.load_transpose == "dma":
         target.check_dma_transpose(OP, "config load_transpose", dtype, ITEMSIZE[dtype])
     if config.k_tile > target.psum_bank_fmax or config.k_tile > target.gemm_moving_fmax:
@@ -936,12 +948,14 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
             d_tiles,
             q_tile,
             item,
-            left >= 0 or right >= 0 or softcap > 0 or stored_mask or bool(bounded),
+            masked_sbuf,
             config,
             kv_chunks,
             lags,
         )
     sbuf += feature_bytes(features, config.k_tile, max_burst, h, hkv, sk)
+    if edge_bias:  # the identity and up to 4 bias tiles (two offsets per edge), bf16
+        sbuf += 5 * target.pmax * 2
     return FlashAttentionPlan(
         b=b,
         h=h,
@@ -984,6 +998,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionConfig, target: Target
         psum_banks=banks,
         packed=bool(problem.get("packed", False)),
         runtime_bounds=bounded,
+        edge_bias=edge_bias,
     )
 
 
@@ -1090,6 +1105,111 @@ def mask_window(tile, n_q, n_k, q0, k0, plan, fill):
         )
 
 
+def uses_edge_bias(left, right, softcap, stored_mask, runtime_bounds, scale) -> bool:
+    """Whether the forward masks window edges and the causal diagonal on TensorE
+    (:class:`EdgeBias`, the plan's ``edge_bias``): there is an edge, the scores stay raw in
+    PSUM (no softcap: its tanh would squash the bias; no mask kept in SBUF; no run-time
+    bounds) and the scale is at least 1e-6 (the bias, ``MASK_FILL / scale``, stays finite
+    in bf16)."""
+    edge = left >= 0 or right >= 0
+    raw = not softcap and not stored_mask and not runtime_bounds
+    return edge and raw and scale >= 1e-6
+
+
+@dataclass
+class EdgeBias(nl.NKIObject):
+    """Window edges and the causal diagonal masked on TensorE (``plan.edge_bias``): for each
+    chunk of ``pmax`` keys an edge crosses, one more matmul accumulates ``I^T B`` into the
+    raw scores in PSUM (``I`` the identity, stationary; ``B [q, k]`` bf16: 0 where the query
+    sees the key, ``MASK_FILL / scale`` where it does not), so ``scale * S`` of a masked key
+    is at most about ``MASK_FILL`` and its exp 0. The tile then stays in PSUM like the tiles
+    every row sees: its row max and its exp read it there, with no copy to SBUF and no
+    GpSimd ``affine_select`` per tile. One bias tile per distinct pair of edge offsets
+    (:func:`edge_offsets`), built at its first use and kept for the launch."""
+
+    identity: object  # [pmax, pmax] bf16 identity: the bias matmuls' stationary
+    offsets: list  # (right offset, left offset) of each bias tile built so far
+    tiles: list  # [pmax, pmax] bf16 bias tiles, in the order of offsets
+
+
+def edge_biases(plan):
+    """The launch's :class:`EdgeBias` (its identity written here), or None without
+    ``plan.edge_bias``."""
+    if not plan.edge_bias:
+        return None
+    n = plan.q_tile
+    ones = nl.ndarray((n, n), dtype=nl.bfloat16, buffer=nl.sbuf, name="edge_ones")
+    nisa.memset(dst=ones, value=1.0)
+    ident = nl.ndarray((n, n), dtype=nl.bfloat16, buffer=nl.sbuf, name="edge_identity")
+    nisa.affine_select(
+        dst=ident,
+        pattern=[[-1, n]],
+        channel_multiplier=1,
+        on_true_tile=ones,
+        on_false_value=0.0,
+        cmp_op=nl.equal,
+        offset=0,
+    )
+    return EdgeBias(identity=ident, offsets=[], tiles=[])
+
+
+def edge_offsets(q0, c0, plan) -> tuple[int, int]:
+    """``(o_right, o_left)`` of the keys from ``c0`` for the queries from ``q0``: query
+    ``q0 + p`` sees key ``c0 + f`` iff ``o_right + p - f >= 0`` and ``o_left - p + f >= 0``
+    (:func:`mask_window`'s predicates). Each is clamped to ``[-pmax, pmax - 1]``: at
+    ``pmax - 1`` its edge masks nothing in a ``pmax x pmax`` tile, at ``-pmax`` everything,
+    so chunks with the same masks share their bias tiles."""
+    off = plan.sk - plan.sq
+    n = plan.q_tile
+    o_right = n - 1 if plan.right < 0 else q0 + off + plan.right - c0
+    o_left = n - 1 if plan.left < 0 else c0 - q0 - off + plan.left
+    return max(-n, min(o_right, n - 1)), max(-n, min(o_left, n - 1))
+
+
+def _edge_bias_tile(edges, o_right, o_left, plan):
+    """The bias tile of the offsets ``(o_right, o_left)``, built on its first use: zeros,
+    then ``MASK_FILL / scale`` where either edge hides the key (GpSimd)."""
+    found = None
+    for i in range(len(edges.offsets)):
+        if edges.offsets[i][0] == o_right and edges.offsets[i][1] == o_left:
+            found = edges.tiles[i]
+    if found is not None:
+        return found
+    n = plan.q_tile
+    bias = nl.ndarray((n, n), dtype=nl.bfloat16, buffer=nl.sbuf, name="edge_bias")
+    nisa.memset(dst=bias, value=0.0)
+    fill = MASK_FILL / plan.scale
+    if o_right < n - 1:
+        nisa.affine_select(
+            dst=bias, pattern=[[-1, n]], channel_multiplier=1, on_true_tile=bias,
+            on_false_value=fill, cmp_op=nl.greater_equal, offset=o_right,
+        )  # fmt: skip
+    if o_left < n - 1:
+        nisa.affine_select(
+            dst=bias, pattern=[[1, n]], channel_multiplier=-1, on_true_tile=bias,
+            on_false_value=fill, cmp_op=nl.greater_equal, offset=o_left,
+        )  # fmt: skip
+    edges.offsets.append((o_right, o_left))
+    edges.tiles.append(bias)
+    return bias
+
+
+def add_edge_bias(s_ps, qs, q0, k0, ks, plan, edges):
+    """The window edges added to the raw scores ``s_ps [qs, ks]`` (queries from ``q0``,
+    keys from ``k0``) in PSUM: one identity matmul per ``pmax``-key chunk an edge crosses
+    or hides from every row (:class:`EdgeBias`); the chunks every row sees get nothing."""
+    for c0, cs in tiled(k0 + ks, plan.d_tile, k0):
+        if tile_visibility(q0, qs, c0, cs, plan.sq, plan.sk, _bounds(plan)) != "all":
+            o_right, o_left = edge_offsets(q0, c0, plan)
+            bias = _edge_bias_tile(edges, o_right, o_left, plan)
+            nisa.nc_matmul(
+                dst=s_ps[0:qs, c0 - k0 : c0 - k0 + cs],
+                stationary=edges.identity[0:qs, 0:qs],
+                moving=bias[0:qs, 0:cs],
+                accumulate=True,
+            )
+
+
 @dataclass
 class ScoreInputs(nl.NKIObject):
     """The kernels' per-launch inputs of the score-side features (both directions): the
@@ -1106,13 +1226,14 @@ class ScoreInputs(nl.NKIObject):
     key_iota: object  # dropout: [pmax, widest key tile] int32, column f holding f
     ones: object  # row masks (plan.mask_row): [1, pmax] ones, the bias matmul's stationary
     bias_rows: list  # row masks: per query head of the group (one if shared) [1, Sk] bias
+    edges: object = None  # forward with plan.edge_bias: its EdgeBias, else None
 
 
-def score_inputs(attn_mask, row_keys, plan, rows, dtype, keys=0):
+def score_inputs(attn_mask, row_keys, plan, rows, dtype, keys=0, edges=None):
     """The launch's :class:`ScoreInputs`; dropout's multiplier columns and key iota
     (``rows``: the query tile's partitions, ``keys``: the widest key tile) and a row mask's
     ones row (in :func:`bias_dtype` of the inputs' ``dtype``) are written here, once per
-    launch. Nothing is issued without them."""
+    launch. Nothing is issued without them. ``edges``: the forward's :class:`EdgeBias`."""
     m1 = m2 = ones = key_iota = None
     if plan.mask_row:
         ones = nl.ndarray((1, rows), dtype=bias_dtype(plan, dtype), buffer=nl.sbuf, name="ones")
@@ -1126,7 +1247,7 @@ def score_inputs(attn_mask, row_keys, plan, rows, dtype, keys=0):
         nisa.iota(dst=key_iota, pattern=[[1, keys]], offset=0, channel_multiplier=0)
     return ScoreInputs(
         b=0, kvh=0, group=1, mask=attn_mask, row_keys=row_keys, hash_m1=m1, hash_m2=m2,
-        key_iota=key_iota, ones=ones, bias_rows=[],
+        key_iota=key_iota, ones=ones, bias_rows=[], edges=edges,
     )  # fmt: skip
 
 
@@ -1167,6 +1288,7 @@ def for_group(feat, b, kvh, group, scale, plan, dtype):
     return ScoreInputs(
         b=b, kvh=kvh, group=group, mask=feat.mask, row_keys=feat.row_keys, hash_m1=feat.hash_m1,
         hash_m2=feat.hash_m2, key_iota=feat.key_iota, ones=feat.ones, bias_rows=rows,
+        edges=feat.edges,
     )  # fmt: skip
 
 
@@ -1564,6 +1686,9 @@ def _score_tile(q_t, kt, qs, kk0, ks, q0, k0, plan, bounds=None, ext=None, tile=
         mask_bounds(s_sb, qs, ks, k0, bounds[0], bounds[1], plan, MASK_FILL, s_ps, ext)
         return s_sb, plan.scale
     seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, _bounds(plan))
+    if seen != "all" and plan.edge_bias and _dead_rows(q0, qs, plan) == 0:
+        add_edge_bias(s_ps, qs, q0, k0, ks, plan, tile.feat.edges)
+        return s_ps, plan.scale
     if seen == "some" or plan.softcap or bounds is not None or (plan.mask and not plan.mask_row):
         return _stored_scores(s_ps, qs, ks, q0, k0, plan, bounds, tile), stored_scale(plan)
     return s_ps, plan.scale
@@ -2018,6 +2143,9 @@ def _query_tile(h, q0, plan):
         # crosses (before and after them) are scaled and masked in SBUF.
         seen = tile_visibility(q0, qs, k0, ks, plan.sq, plan.sk, bounds)
         stored = plan.softcap or (plan.mask and not plan.mask_row)
+        if plan.edge_bias and n_dead == 0:  # edges added in PSUM (add_edge_bias): raw
+            spans.append((k0, ks, False))
+            continue
         if seen != "some" or stored or plan.runtime_bounds:  # one span per key tile
             # softcap, a mask with a query dim: every tile is kept (and masked) in SBUF
             bounded = bool(plan.runtime_bounds) and not raw_bounds(plan)
@@ -2068,6 +2196,8 @@ def _scores(qt, kt, k0, ks, plan):
     matmul_over_d(s_ps, qt.q_t, 0, qt.qs, kt, k0, ks, plan)
     if plan.mask_row:
         add_row_mask(s_ps, qt.feat, qt.h, qt.qs, k0, ks, plan)
+    if plan.edge_bias and qt.n_dead == 0:
+        add_edge_bias(s_ps, qt.qs, qt.q0, k0, ks, plan, qt.feat.edges)
     return s_ps
 
 
@@ -2435,7 +2565,9 @@ def flash_attention_fwd_kernel(q, k, v, sinks, plan, kv_bounds=None, attn_mask=N
         "flash_attention: kv_bounds and plan.runtime_bounds go together"
     )
     bounds = load_bounds(kv_bounds, plan)
-    feat = score_inputs(attn_mask, row_keys, plan, plan.q_tile, q.dtype, plan.k_tile)
+    feat = score_inputs(
+        attn_mask, row_keys, plan, plan.q_tile, q.dtype, plan.k_tile, edge_biases(plan)
+    )
     for b, kvh, tiles in plan.core_groups[nl.program_id(0)]:
         # K/V resident: loaded once, shared by every query tile of the group's heads.
         kv = _load_kv_block(k, v, b, kvh, 0, Sk, plan) if plan.kv_blocks == 1 else None

@@ -202,16 +202,17 @@ def _visible_chunks(sq, sk, k_tile):
 @pytest.mark.parametrize("softmax", ["two_pass", "online"])
 def test_causal_skips_masked_tiles_at_trace_time(softmax):
     """At Sq = Sk = 1024, causal issues no instruction for fully masked tiles: TensorE runs
-    one QK^T matmul per visible key tile (two passes: twice, but once on a tile crossing
-    the diagonal, whose masked scores stay in SBUF for the exp) and one P V matmul per
-    visible 128-key chunk (36 of 64 chunks), and the whole trace shrinks accordingly
-    (trace-only runs)."""
+    one QK^T matmul per visible key tile (two passes: twice) plus, on a tile crossing the
+    diagonal, one matmul adding the diagonal's bias in PSUM (fa.EdgeBias: per pass) and
+    one P V matmul per visible 128-key chunk (36 of 64 chunks), and the whole trace
+    shrinks accordingly (trace-only runs)."""
     config = fa.FlashAttentionConfig(k_tile=128, softmax=softmax)
     counts = {}
     for causal in (False, True):
         run = _trace(1024, 1024, causal, config)
         tiles, chunks, diagonal = _visible_chunks(1024, 1024, 128) if causal else (64, 64, 0)
-        score_matmuls = 2 * tiles - diagonal if softmax == "two_pass" else tiles
+        passes = 2 if softmax == "two_pass" else 1
+        score_matmuls = passes * (tiles + diagonal)
         assert run.trace.count_by_api()["nisa.nc_matmul"] == score_matmuls + chunks
         counts[causal] = len(run.trace)
     ratio = counts[True] / counts[False]
