@@ -161,6 +161,12 @@ SOFTPLUS_SOFTCAP_MAX = {"float32": 64.0, "float16": 256.0, "bfloat16": 1024.0}
 # Modeled (B1 H4 Hkv1 S4096 D128 bf16 causal, softcap 50): 12 gives 1,401 us, 6 1,479 us,
 # 16 1,391 us (more SBUF for the pairs in flight).
 SOFTCAP_STEPS = 12
+# Softcap above SOFTPLUS_SOFTCAP_MAX (t = tanh(y)): ScalarE makes the tanh of up to this
+# many pairs of one key block back to back, so it switches tables (tanh, exp) twice per
+# burst rather than per pair (:func:`_softcap_steps`); the default key block has 64 pairs.
+# Modeled (B1 H32 Hkv8 S4096 D128 bf16 causal, softcap 2000, LNC=1): 64 gives 11,992 us,
+# 32 12,345, 16 12,830, 8 15,283, 1 (per pair) 51,685.
+SOFTCAP_TANH_BURST = 64
 # Output tiles one store stages and moves at most (one DMA; its SBUF staging is budgeted).
 STORE_TILES = 8
 
@@ -359,10 +365,14 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     q_side = 2 * q_side + q_once + d * 4  # this pass and the next; one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
     softcap = float(problem.get("softcap", 0.0))
-    if softcap:  # the pairs in flight SOFTCAP_STEPS longer; per pair softplus, 1 - t (fp32),
-        # 1 + t, P (1 - t) and (dP - D) P (1 - t)
+    softcap_tanh = softcap > SOFTPLUS_SOFTCAP_MAX.get(dtype, 64.0)
+    if softcap:  # the pairs in flight SOFTCAP_STEPS longer; the 7 pairs in stage 1
+        # (_softcap_steps) at most 2 fp32 (softplus or t, 1 - t) and 3 more tiles (1 + t,
+        # P (1 - t), (dP - D) P (1 - t)) each; a tanh burst's t (fp32) of its pairs
         pair += SOFTCAP_STEPS * (3 * keys * item + tq * item)
-        pair += (lag + SOFTCAP_STEPS + 1) * (2 * keys * 4 + 3 * keys * item)
+        pair += 7 * (2 * keys * 4 + 3 * keys * item)
+        if softcap_tanh:
+            pair += SOFTCAP_TANH_BURST * keys * 4
     # per pair in flight: a mask tile (4 bytes per key at most; and its masked scores), and
     # dropout's kept dP (fp32) and P; dropout's hash tiles of the pairs its pipeline runs
     # ahead, and the launch's key iota
@@ -409,7 +419,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         left=bounds[0],
         right=bounds[1],
         softcap=softcap,
-        softcap_tanh=softcap > SOFTPLUS_SOFTCAP_MAX.get(dtype, 64.0),
+        softcap_tanh=softcap_tanh,
         **features,
         tile_q=tq,
         tile_k=tk,
@@ -1399,7 +1409,9 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
     return pairs
 
 
-def _softcap_steps(step, states, pairs, qs, kv_tiles, scale, plan, cap, drop, masks, s_dp):
+def _softcap_steps(
+    step, states, pairs, qs, kv_tiles, scale, plan, cap, drop, masks, s_dp, kv_group
+):
     """Softcap, stage 1 of loop step ``step``: each part on a pair some steps behind the part
     issued after it, so no in-order engine queue waits out the latency of a result it has
     just made (oldest first): dS of pair ``step - 6`` and ``(dP - D) P (1 - t)`` of pair
@@ -1408,7 +1420,10 @@ def _softcap_steps(step, states, pairs, qs, kv_tiles, scale, plan, cap, drop, ma
     ``step - 2`` (:func:`_scores`), ``1 - t`` of pair ``step - 1``, S (into ``s_dp``'s S
     half) and the softplus of pair ``step``. ``s_dp``: ``[tq, 2, tk]`` fp32 PSUM, half of
     a bank two loop steps share (the kernel's loop). Under dropout :func:`_scores` does
-    the rest, its dP in ``s_dp``'s dP half."""
+    the rest, its dP in ``s_dp``'s dP half. With ``plan.softcap_tanh`` the S and t of
+    pair ``step`` and up to SOFTCAP_TANH_BURST - 1 later pairs of its key block
+    (``kv_group``: per pair its block) come in one burst, unless an earlier burst made
+    them: ScalarE switches between the tanh and exp tables twice per burst."""
     n_pairs = len(pairs)
     if not plan.dropout:
         for lag in (6, 5):
@@ -1430,9 +1445,25 @@ def _softcap_steps(step, states, pairs, qs, kv_tiles, scale, plan, cap, drop, ma
     if 0 <= n < n_pairs:
         _softcap_one_minus_t(states[n], pairs[n], plan, cap)
     n = step
-    if 0 <= n < n_pairs:
+    if 0 <= n < n_pairs and not plan.softcap_tanh:
         kv = kv_tiles[pairs[n].j]
         states[n] = _softcap_scores(qs, kv, pairs[n], scale, plan, cap, s_dp)
+    if 0 <= n < n_pairs and plan.softcap_tanh and states[n] is None:
+        # a burst: S and t of this pair and the next ones up to SOFTCAP_TANH_BURST, their
+        # S four to a PSUM bank; under kv_outer only of this pair's key block (the next
+        # block's K^T is made at this block's last pair)
+        m = n
+        while m < min(n + SOFTCAP_TANH_BURST, n_pairs) and (
+            plan.loop_order == "q_outer" or kv_group[m] == kv_group[n]
+        ):
+            if (m - n) % 4 == 0:
+                s_cap = nl.ndarray(
+                    (plan.tile_q, 4, plan.tile_k), dtype=nl.float32, buffer=nl.psum, name="s_cap"
+                )
+            s_m = s_cap[:, (m - n) % 4 : (m - n) % 4 + 1, :]
+            kv = kv_tiles[pairs[m].j]
+            states[m] = _softcap_scores(qs, kv, pairs[m], scale, plan, cap, s_m)
+            m += 1
 
 
 @nki.jit
@@ -1675,8 +1706,9 @@ def flash_attention_bwd_kernel(
                             )
                         half = s_dp2[:, 2 * (step % 2) : 2 * (step % 2) + 2, :]
                     _softcap_steps(
-                        step, states, pairs, qs, kv_tiles, scale, plan, cap, drop, masks, half
-                    )
+                        step, states, pairs, qs, kv_tiles, scale, plan, cap, drop, masks, half,
+                        kv_group,
+                    )  # fmt: skip
                 n = step - plan.lag_kv
                 if 0 <= n < n_pairs:
                     first = n == 0 or kv_group[n - 1] != kv_group[n]

@@ -464,5 +464,27 @@ def test_softcap_backward_softplus_form_at_its_largest_softcap():
         assert_within_tolerance(grads, spec.reference(*args), tol, f"[softcap {softcap}]")
 
 
+@pytest.mark.parametrize("loop_order", ["kv_outer", "q_outer"])
+@pytest.mark.parametrize("burst", [1, 5, 64])
+def test_softcap_backward_tanh_form_at_every_burst(burst, loop_order, monkeypatch):
+    """Above SOFTPLUS_SOFTCAP_MAX the backward makes t = tanh(y) in bursts of up to
+    SOFTCAP_TANH_BURST pairs, under kv_outer within one key block (kernels/
+    flash_attention_bwd.py _softcap_steps): per pair (1), in bursts that end mid-block (5)
+    and a whole block's (64), under both loop orders, the fp32 gradients agree with the
+    reference within the declared tolerance, over several key blocks and passes (tile_k
+    64, a window)."""
+    spec = fab.SPEC
+    monkeypatch.setattr(fab, "SOFTCAP_TANH_BURST", burst)
+    softcap = fab.SOFTPLUS_SOFTCAP_MAX["float32"] * 2
+    problem = _bwd_problem(600, 700, True, 300, -1, softcap=softcap)
+    args = spec.make_inputs(problem, "float32", torch.Generator().manual_seed(9))
+    config = spec.config(tile_k=64, q_block=4, loop_order=loop_order)
+    plan = spec.check(spec.problem(*args), "float32", config, "trn2")
+    assert plan.softcap_tanh
+    grads = fab.run_kernels(*args, config=config, runner=_interp())
+    tol = spec.tolerances["float32"]
+    assert_within_tolerance(grads, spec.reference(*args), tol, f"[burst {burst} {loop_order}]")
+
+
 def _interp():
     return interpreter_runner_for("trn2")
