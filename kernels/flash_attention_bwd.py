@@ -34,6 +34,12 @@ sums to a bank). TensorE binds (89% busy), ScalarE at 76%, the DMA engines at 99
 4 dS^T are DMA transposes). A sliding window (1024, 0) at S=8192 costs 0.30 of the causal
 backward there (6.3 vs 21.1 ms).
 
+Softcap (``softcap * tanh(y)``, ``y = scale * S / softcap``): ScalarE makes ``1 - t =
+2 exp(-softplus(2 y))`` (softplus and exp share a table), TensorE subtracts D from dP in
+PSUM, and stage 1 spans 7 loop steps (:func:`_softcap_steps`); above
+``SOFTPLUS_SOFTCAP_MAX`` t = tanh(y) comes in bursts of a key block's pairs. Modeled as
+above, causal: softcap 50 9.4 ms vs 5.7 ms without; bf16 softcap 2000 11.6 ms.
+
 DMA: the row loads (Q, dO, O, lse per pass; K, V per key block) and the gradient stores
 move a run of tiles per DMA on SyncE's hardware DGE queue (v3+); GpSimd's software DGE
 queue keeps only the dS^T DMA transposes, so they never wait behind a prefetch.
@@ -154,12 +160,14 @@ PIPELINE_LAG_Q = 16
 # absolute error ~softcap * 2^-22 (fp32 ulps of values near 1 and of softcap - lse), so a
 # relative error of P that stays below 2^-16 in fp32 (its tolerance is 1e-4) and 2^-3 of a
 # half ulp of P in bf16 and fp16 up to these softcaps. Larger ones (tanh nearly the identity;
-# Gemma 2 uses 50 and 30) take t = tanh(y) itself and switch ScalarE tables twice per pair.
+# Gemma 2 uses 50 and 30) take t = tanh(y) itself and switch ScalarE tables twice per burst
+# of pairs (SOFTCAP_TANH_BURST).
 SOFTPLUS_SOFTCAP_MAX = {"float32": 64.0, "float16": 256.0, "bfloat16": 1024.0}
 # Softcap: stage 1 spans this many more loop steps (:func:`_softcap_steps`), so stages 2
 # and 3 trail it by as many more.
 # Modeled (B1 H4 Hkv1 S4096 D128 bf16 causal, softcap 50): 12 gives 1,401 us, 6 1,479 us,
-# 16 1,391 us (more SBUF for the pairs in flight).
+# 16 1,391 us (more SBUF for the pairs in flight). With the lags at 8/16, the loads on
+# SyncE's queue and 3 of 4 dS^T by DMA (B1 H32 Hkv8, LNC=1): 12 gives 9,388 us, 6 9,391.
 SOFTCAP_STEPS = 12
 # Softcap above SOFTPLUS_SOFTCAP_MAX (t = tanh(y)): ScalarE makes the tanh of up to this
 # many pairs of one key block back to back, so it switches tables (tanh, exp) twice per
@@ -195,7 +203,9 @@ class FlashAttentionBwdConfig(TunableConfig):
         ds_dma_tiles: under "pe" or "vector", of every 4 tile pairs (by ``(t + j) % 4``,
             spread evenly), how many make dS^T by one SBUF-to-SBUF DMA transpose instead,
             moving work from TensorE and ScalarE (the PSUM evacuation) to the idle DMA
-            queues; 2-byte dtypes on trn2+ only (0 elsewhere).
+            queues; 2-byte dtypes on trn2+ only (0 elsewhere). A softcap takes it too
+            (modeled causal S4096 softcap 50, B1 H32 Hkv8 D128 bf16, LNC=1: 9,388 us with 3
+            vs 9,524 with 0, 9,454 with 2, 9,472 with 4).
         elementwise: which engines do the per-pair elementwise work besides exp (ScalarE):
             "vector" computes dS in one VectorE pass from PSUM and evacuates dS^T on VectorE;
             "split" has ScalarE compute dP - D from PSUM and evacuate dS^T, leaving VectorE
@@ -311,11 +321,6 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     # configured transpose's way.
     dma_ok = target.has_dma_transpose and ITEMSIZE[dtype] == 2
     ds_dma_tiles = 4 if config.transpose == "dma" else (config.ds_dma_tiles if dma_ok else 0)
-    if problem.get("softcap", 0.0) and config.transpose != "dma":
-        # softcap: GpSimd (P (1 - t), the DMA triggers) binds, so dS^T goes by TensorE and
-        # VectorE. Modeled B1 H4 S4096 D128 bf16 causal, softcap 50: 1,321 us vs 1,378 us
-        # with 2 of 4 pairs by DMA
-        ds_dma_tiles = 0
     b, hkv, groups = problem["b"], problem["hkv"], problem["groups"]
     sq, sk, d = problem["sq"], problem["sk"], problem["d"]
     causal = bool(problem.get("causal", False))
@@ -693,7 +698,8 @@ def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
 
 def _softcap_pass(qs, n_tiles, plan, psum_dtype):
     """Softcap, once per query pass once its ``-lse`` and ``-D`` columns are made (issued
-    with the pass's prepare, so it overlaps the previous pass's end): the exp's bias
+    right after the last of the pass's prepare steps, during the previous pass's last
+    pair; at the pass's start if nothing prepared it): the exp's bias
     column ``softcap - lse`` and, per live query tile, ``-D`` as a row on 2 partitions (its
     high and low parts in q's dtype, so their sum keeps ~16 bits of D) for the matmul that
     subtracts D from dP in PSUM (:func:`_softcap_dp`); VectorE's steps for all the tiles,
@@ -1595,7 +1601,7 @@ def flash_attention_bwd_kernel(
             qs, kv_tiles = qs_next, kv_next
             pairs = pass_pairs[i]
             n_pairs = len(pairs)
-            cap, cap_next = cap_next, None  # softcap: made with the pass's prepare
+            cap, cap_next = cap_next, None  # softcap: made after the pass's prepare
             if plan.softcap and cap is None:
                 cap = _softcap_pass(qs, n_tiles, plan, psum_dtype)
             # Prefetch the next pass while this one runs: its DMAs now, its transposes
