@@ -431,6 +431,25 @@ def test_plans_bound_the_measured_peaks_with_every_feature(spec):
     assert peak.sbuf_bytes <= plan.sbuf_bytes and peak.psum_banks <= plan.psum_banks, (peak, plan)
 
 
+def test_backward_plan_bounds_the_measured_peaks_of_the_tanh_form():
+    """Above SOFTPLUS_SOFTCAP_MAX (bf16 1024) the backward holds a burst of t tiles
+    (SOFTCAP_TANH_BURST, kernels/flash_attention_bwd.py): with a window and sinks the plan's
+    SBUF bytes and PSUM banks still bound what the interpreter measures (trace-only)."""
+    softcap = fab.SOFTPLUS_SOFTCAP_MAX["bfloat16"] * 2
+    problem = {**_bwd_problem(1024, 1024, True, 300, -1, softcap, True, d=128), "groups": 2}
+    args = BWD.make_inputs(problem, "bfloat16", torch.Generator())
+    runs = []
+    BWD.run_kernels(
+        *args,
+        config=BWD.config.default(),
+        runner=interpreter_runner_for("trn2", compute=False, runs=runs),
+    )
+    plan = BWD.check(BWD.problem(*args), "bfloat16", BWD.config.default(), "trn2")
+    assert plan.softcap_tanh
+    peak = runs[0].memory[0]
+    assert peak.sbuf_bytes <= plan.sbuf_bytes and peak.psum_banks <= plan.psum_banks, (peak, plan)
+
+
 @pytest.mark.parametrize("steps", [6, 12])
 def test_softcap_backward_at_every_pipeline_depth(steps, monkeypatch):
     """The backward's softcap stage 1 spans 6 loop steps (kernels/flash_attention_bwd.py
