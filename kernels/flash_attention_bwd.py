@@ -34,6 +34,12 @@ sums to a bank). TensorE binds (89% busy), ScalarE at 76%, the DMA engines at 99
 4 dS^T are DMA transposes). A sliding window (1024, 0) at S=8192 costs 0.30 of the causal
 backward there (6.3 vs 21.1 ms).
 
+Softcap (``softcap * tanh(y)``, ``y = scale * S / softcap``): ScalarE makes ``1 - t =
+2 exp(-softplus(2 y))`` (softplus and exp share a table), TensorE subtracts D from dP in
+PSUM, and stage 1 spans 7 loop steps (:func:`_softcap_steps`); above
+``SOFTPLUS_SOFTCAP_MAX`` t = tanh(y) comes in bursts of a key block's pairs. Modeled as
+above, causal: softcap 50 9.4 ms vs 5.7 ms without; bf16 softcap 2000 11.6 ms.
+
 DMA: the row loads (Q, dO, O, lse per pass; K, V per key block) and the gradient stores
 move a run of tiles per DMA on SyncE's hardware DGE queue (v3+); GpSimd's software DGE
 queue keeps only the dS^T DMA transposes, so they never wait behind a prefetch.
@@ -62,6 +68,7 @@ causal visibility of a tile, its mask and the contraction over D are the forward
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -149,6 +156,26 @@ DEAD_ROW_BIAS = -3.0e38
 # longer fit the default config under 128 KiB of SBUF at S4096.
 PIPELINE_LAG_KV = 8
 PIPELINE_LAG_Q = 16
+# Softcap: ``1 - t = 2 exp(-softplus(2 y))`` keeps ScalarE in one activation table (softplus
+# and exp), but ``softcap * t - lse = -softcap (1 - t) + (softcap - lse)`` then carries an
+# absolute error ~softcap * 2^-22 (fp32 ulps of values near 1 and of softcap - lse), so a
+# relative error of P that stays below 2^-16 in fp32 (its tolerance is 1e-4) and 2^-3 of a
+# half ulp of P in bf16 and fp16 up to these softcaps. Larger ones (tanh nearly the identity;
+# Gemma 2 uses 50 and 30) take t = tanh(y) itself and switch ScalarE tables twice per burst
+# of pairs (SOFTCAP_TANH_BURST).
+SOFTPLUS_SOFTCAP_MAX = {"float32": 64.0, "float16": 256.0, "bfloat16": 1024.0}
+# Softcap: stage 1 spans this many more loop steps (:func:`_softcap_steps`), so stages 2
+# and 3 trail it by as many more.
+# Modeled (B1 H4 Hkv1 S4096 D128 bf16 causal, softcap 50): 12 gives 1,401 us, 6 1,479 us,
+# 16 1,391 us (more SBUF for the pairs in flight). With the lags at 8/16, the loads on
+# SyncE's queue and 3 of 4 dS^T by DMA (B1 H32 Hkv8, LNC=1): 12 gives 9,388 us, 6 9,391.
+SOFTCAP_STEPS = 12
+# Softcap above SOFTPLUS_SOFTCAP_MAX (t = tanh(y)): ScalarE makes the tanh of up to this
+# many pairs of one key block back to back, so it switches tables (tanh, exp) twice per
+# burst rather than per pair (:func:`_softcap_steps`); the default key block has 64 pairs.
+# Modeled (B1 H32 Hkv8 S4096 D128 bf16 causal, softcap 2000, LNC=1): 64 gives 11,992 us,
+# 32 12,345, 16 12,830, 8 15,283, 1 (per pair) 51,685.
+SOFTCAP_TANH_BURST = 64
 # Output tiles one store stages and moves at most (one DMA; its SBUF staging is budgeted).
 STORE_TILES = 8
 
@@ -177,7 +204,9 @@ class FlashAttentionBwdConfig(TunableConfig):
         ds_dma_tiles: under "pe" or "vector", of every 4 tile pairs (by ``(t + j) % 4``,
             spread evenly), how many make dS^T by one SBUF-to-SBUF DMA transpose instead,
             moving work from TensorE and ScalarE (the PSUM evacuation) to the idle DMA
-            queues; 2-byte dtypes on trn2+ only (0 elsewhere).
+            queues; 2-byte dtypes on trn2+ only (0 elsewhere). A softcap takes it too
+            (modeled causal S4096 softcap 50, B1 H32 Hkv8 D128 bf16, LNC=1: 9,388 us with 3
+            vs 9,524 with 0, 9,454 with 2, 9,472 with 4).
         elementwise: which engines do the per-pair elementwise work besides exp (ScalarE):
             "vector" computes dS in one VectorE pass from PSUM and evacuates dS^T on VectorE;
             "split" has ScalarE compute dP - D from PSUM and evacuate dS^T, leaving VectorE
@@ -244,7 +273,7 @@ class FlashAttentionBwdPlan(nl.NKIObject):
     left: int  # keys a query sees before its diagonal, -1 unbounded (window_bounds)
     right: int  # keys a query sees after its diagonal, -1 unbounded (causal: 0)
     softcap: float  # > 0: scores capped to softcap * tanh(scale * S / softcap); 0: off
-    tanh_blocks: int  # softcap: key blocks whose tanh tiles are made ahead (2, 1; 0: per pair)
+    softcap_tanh: bool  # softcap > SOFTPLUS_SOFTCAP_MAX: t by tanh, not 1 - t by softplus
     mask: str  # attn_mask: "" none, "bool" (uint8 in HBM, 0 masks) or "float" (added)
     mask_dims: tuple  # per dim of the 4-d mask (B, H, Sq, Sk): True full, False size 1
     mask_row: bool  # no query dim, no softcap: added to S on TensorE (the forward's for_group)
@@ -342,8 +371,14 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     q_side = 2 * q_side + q_once + d * 4  # this pass and the next; one dO * O product
     pair = (lag + 1) * (3 * keys * item + tq * item)  # P, dP - D, dS, dS^T of pairs in flight
     softcap = float(problem.get("softcap", 0.0))
-    if softcap:  # t^2 and P (1 - t^2) of the pairs in flight
-        pair += (lag + 1) * 2 * keys * 4
+    softcap_tanh = softcap > SOFTPLUS_SOFTCAP_MAX.get(dtype, 64.0)
+    if softcap:  # the pairs in flight SOFTCAP_STEPS longer; the 7 pairs in stage 1
+        # (_softcap_steps) at most 2 fp32 (softplus or t, 1 - t) and 3 more tiles (1 + t,
+        # P (1 - t), (dP - D) P (1 - t)) each; a tanh burst's t (fp32) of its pairs
+        pair += SOFTCAP_STEPS * (3 * keys * item + tq * item)
+        pair += 7 * (2 * keys * 4 + 3 * keys * item)
+        if softcap_tanh:
+            pair += SOFTCAP_TANH_BURST * keys * 4
     # per pair in flight: a mask tile (4 bytes per key at most; and its masked scores), and
     # dropout's kept dP (fp32) and P; dropout's hash tiles of the pairs its pipeline runs
     # ahead, and the launch's key iota
@@ -357,15 +392,8 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         pair += (groups if features["mask_dims"][1] else 1) * sk * 8
     staging = STORE_TILES * d * item  # one run of output tiles in the output dtype
     sbuf = q_side + kv_side + group + pair + staging
-    # softcap: the tanh tiles of 2 key blocks made ahead (this one's and the next's), else
-    # of 1, else each pair's own: as many as SBUF holds.
-    tanh_blocks = 0
-    if softcap:
-        block_tiles = kv_block * n_qt * keys * 4
-        tanh_blocks = 2
-        while tanh_blocks > 0 and sbuf + tanh_blocks * block_tiles > target.sbuf_usable_bytes:
-            tanh_blocks -= 1
-        sbuf += tanh_blocks * block_tiles if tanh_blocks else keys * 4
+    if softcap:  # the pass's softcap - lse column, -D rows, ones row, ln 2 column
+        sbuf += n_qt * 4 + n_qt * tq * item + keys * item + 4 + 2 * item
     bounded = runtime_bounds_mode(problem, target)
     if bounded:  # the bounds, and each pair's scaled scores masked in SBUF before the exp
         sbuf += bounds_bytes(bounded, sq, tq) + (lag + 1) * keys * 4
@@ -383,7 +411,9 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
     sum_banks = ceil_div(kv_block * d * 4, target.psum_bank_bytes)
     pe_ds_t = config.transpose == "pe" and ds_dma_tiles < 4
     banks = 1 + 1 + 2 * sum_banks + pe_ds_t + (config.transpose != "dma")
-    banks += softcap > 0  # the S tiles the tanh reads, apart from dP
+    # softcap: a pair's S beside an earlier pair's dP, live over 2 loop steps (one more bank);
+    # the -D rows' PE transposes in the loads' bank (one of their own under "dma")
+    banks += (softcap > 0) + (softcap > 0 and config.transpose == "dma")
     return FlashAttentionBwdPlan(
         b=b,
         hkv=hkv,
@@ -395,7 +425,7 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         left=bounds[0],
         right=bounds[1],
         softcap=softcap,
-        tanh_blocks=tanh_blocks,
+        softcap_tanh=softcap_tanh,
         **features,
         tile_q=tq,
         tile_k=tk,
@@ -406,10 +436,12 @@ def plan(problem: dict, dtype: str, config: FlashAttentionBwdConfig, target: Tar
         loop_order=config.loop_order,
         transpose=config.transpose,
         ds_dma_tiles=ds_dma_tiles,
-        elementwise=config.elementwise,
+        # softcap: ScalarE has the softplus, two exps and 1 + t per pair, so VectorE
+        # evacuates dS^T (the softcap path has its own dS, the only other use of this)
+        elementwise="vector" if softcap else config.elementwise,
         vector_transpose=target.vector_transpose_max,
-        lag_kv=PIPELINE_LAG_KV,
-        lag_q=PIPELINE_LAG_Q,
+        lag_kv=PIPELINE_LAG_KV + (SOFTCAP_STEPS if softcap else 0),
+        lag_q=PIPELINE_LAG_Q + (SOFTCAP_STEPS if softcap else 0),
         pe_transpose_keeps_dtype=target.has_transpose_mode,
         lnc=lnc,
         core_groups=_core_groups(b, hkv, groups, sq, sk, tq, config.q_block, bounds, lnc),
@@ -568,12 +600,29 @@ class TilePair(nl.NKIObject):
 
 
 @dataclass
+class SoftcapPass(nl.NKIObject):
+    """A query pass's softcap tiles (:func:`_softcap_pass`)."""
+
+    bias: object  # [tq, n_tiles] fp32 softcap - lse, the exp's bias
+    d_rows: object  # [2, n_tiles, tq] -D per query tile as a row: its high and low parts
+    ones: object  # [2, tk] ones, the moving operand of the -D matmul
+    ln2: object  # [tq, 1] fp32 ln 2
+    two: object  # [tq, 1] fp32 2
+    one: object  # [tq, 1] fp32 1
+
+
+@dataclass
 class PairTiles(nl.NKIObject):
     """A tile pair's SBUF tiles, from stage 1 (the scores) to stage 3 (dQ)."""
 
     p: object  # [tq, tk] P = exp(scale * S - lse) in q's dtype, 0 where masked
     ds: object  # [tq, tk] dS = P * (dP - D) in q's dtype
     ds_t: object  # [tk, tq] dS^T: made in stage 2 for stage 3, None before
+    one_minus_t: object = None  # softcap: softplus(2 y), then 1 - t (fp32), until P is made
+    tanh_t: object = None  # softcap_tanh: t (fp32) until P is made
+    p_b: object = None  # softcap: P (1 - t), then (dP - D) P (1 - t), until dS is made
+    dp: object = None  # softcap: dP - D in PSUM, from :func:`_softcap_dp` to :func:`_softcap_ds`
+    one_plus_t: object = None  # softcap: 1 + t until :func:`_softcap_ds` makes dS
 
 
 def _dma(dst, src, plan):
@@ -648,25 +697,149 @@ def _transpose_ds(ds, n_q, n_k, by_dma, plan, psum_dtype):
     return dst
 
 
-def _tanh_scores(qs, kv, pair, scale, plan):
-    """Softcap, ahead of stage 1: ``t = tanh(scale * S / softcap)`` of a tile pair, S on
-    TensorE into its own PSUM tile, the tanh on ScalarE into fp32 SBUF (issued for a whole
-    key block's pairs at once: see the kernel's loop)."""
-    n_q, n_k = pair.n_q, pair.n_k
-    s_ps = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.psum, name="s_cap")
-    matmul_over_d(s_ps[0:n_q, 0:n_k], qs.q_t, pair.t * plan.tile_q, n_q, kv.k_t, kv.c0, n_k, plan)
-    tanh_s = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.sbuf, name="tanh_s")
-    nisa.activation(
-        dst=tanh_s[0:n_q, 0:n_k], op=nl.tanh, data=s_ps[0:n_q, 0:n_k], scale=scale / plan.softcap
+def _softcap_pass(qs, n_tiles, plan, psum_dtype):
+    """Softcap, once per query pass once its ``-lse`` and ``-D`` columns are made (issued
+    right after the last of the pass's prepare steps, during the previous pass's last
+    pair; at the pass's start if nothing prepared it): the exp's bias
+    column ``softcap - lse`` and, per live query tile, ``-D`` as a row on 2 partitions (its
+    high and low parts in q's dtype, so their sum keeps ~16 bits of D) for the matmul that
+    subtracts D from dP in PSUM (:func:`_softcap_dp`); VectorE's steps for all the tiles,
+    then the PE transposes, then the copies, so no queue waits per tile. Returns a
+    :class:`SoftcapPass`."""
+    tq, tk = plan.tile_q, plan.tile_k
+    dtype = qs.q.dtype
+    consts = []
+    for name, value in (("cap_ln2", math.log(2.0)), ("cap_two", 2.0), ("cap_one", 1.0)):
+        c = nl.ndarray((tq, 1), dtype=nl.float32, buffer=nl.sbuf, name=name)
+        nisa.memset(dst=c, value=value)
+        consts.append(c)
+    ones = nl.ndarray((2, tk), dtype=dtype, buffer=nl.sbuf, name="cap_ones")
+    nisa.memset(dst=ones, value=1.0)
+    bias = nl.ndarray((tq, n_tiles), dtype=nl.float32, buffer=nl.sbuf, name="cap_bias")
+    d_rows = nl.ndarray((2, n_tiles, tq), dtype=dtype, buffer=nl.sbuf, name="neg_d_rows")
+    hilo = nl.ndarray((tq, n_tiles, 2), dtype=dtype, buffer=nl.sbuf, name="neg_d_hilo")
+    for t, n_q in qs.live:
+        nisa.tensor_scalar(
+            dst=bias[0:n_q, t : t + 1], data=qs.neg_lse[0:n_q, t : t + 1], op0=nl.add,
+            operand0=plan.softcap,
+        )  # fmt: skip
+        nisa.tensor_copy(dst=hilo[0:n_q, t, 0:1], src=qs.neg_dvec[0:n_q, t : t + 1])
+    for t, n_q in qs.live:
+        nisa.tensor_tensor(
+            dst=hilo[0:n_q, t, 1:2], data1=qs.neg_dvec[0:n_q, t : t + 1],
+            data2=hilo[0:n_q, t, 0:1], op=nl.subtract,
+        )  # fmt: skip
+    # 4 tiles' transposes share one PSUM tile (<= 2 KiB, one bank, in fp32 too), so no
+    # transpose waits for the copy of the one before
+    for a0 in range(0, len(qs.live), 4):
+        group = qs.live[a0 : a0 + 4]
+        tp = nl.ndarray((2, 4, tq), dtype=psum_dtype, buffer=nl.psum, name="load_t")
+        for g in range(len(group)):
+            t, n_q = group[g]
+            nisa.nc_transpose(dst=tp[0:2, g, 0:n_q], data=hilo[0:n_q, t, 0:2])
+        for g in range(len(group)):
+            t, n_q = group[g]
+            nisa.tensor_copy(dst=d_rows[0:2, t, 0:n_q], src=tp[0:2, g, 0:n_q])
+    return SoftcapPass(
+        bias=bias, d_rows=d_rows, ones=ones, ln2=consts[0], two=consts[1], one=consts[2]
     )
-    return tanh_s
 
 
-def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None, s_dp=None):
+def _softcap_dp(st, qs, kv, pair, plan, cap, s_dp):
+    """Softcap without dropout: ``dP - D`` of a pair into ``s_dp``'s dP half (PSUM
+    ``[tq, 2, tk]`` fp32: dP, then the -D row times ones as a K=2 matmul), issued steps
+    after its scores so the PSUM bank is held only until :func:`_softcap_ds` reads it; the
+    S half takes the scores of the pair that starts in this step."""
+    t, n_q, n_k = pair.t, pair.n_q, pair.n_k
+    dp = s_dp[:, 1, :]
+    matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * plan.tile_q, n_q, kv.v_t, kv.c0, n_k, plan)
+    nisa.nc_matmul(
+        dst=dp[0:n_q, 0:n_k], stationary=cap.d_rows[0:2, t, 0:n_q], moving=cap.ones[0:2, 0:n_k],
+        accumulate=True,
+    )  # fmt: skip
+    st.dp = dp
+
+
+def _softcap_ds(st, pair, plan, last):
+    """Softcap without dropout, on VectorE: ``(dP - D) P (1 - t)`` from PSUM (one multiply,
+    N cycles; ``last`` False), then (a step later, ``last`` True) ``dS = (dP - D) P (1 - t)
+    (1 + t)`` (2-byte SBUF operands: the fast mode), both in q's dtype."""
+    n_q, n_k = pair.n_q, pair.n_k
+    tq, tk = plan.tile_q, plan.tile_k
+    if not last:
+        g = nl.ndarray((tq, tk), dtype=st.p.dtype, buffer=nl.sbuf, name="dp_d_pb")
+        nisa.tensor_tensor(
+            dst=g[0:n_q, 0:n_k], data1=st.dp[0:n_q, 0:n_k], data2=st.p_b[0:n_q, 0:n_k],
+            op=nl.multiply,
+        )  # fmt: skip
+        st.p_b, st.dp = g, None
+        return
+    ds = nl.ndarray((tq, tk), dtype=st.p.dtype, buffer=nl.sbuf, name="ds")
+    nisa.tensor_tensor(
+        dst=ds[0:n_q, 0:n_k], data1=st.p_b[0:n_q, 0:n_k], data2=st.one_plus_t[0:n_q, 0:n_k],
+        op=nl.multiply,
+    )  # fmt: skip
+    st.ds, st.p_b, st.one_plus_t = ds, None, None
+
+
+def _softcap_pb(st, pair, plan):
+    """Softcap without dropout, on GpSimd: ``P (1 - t)`` in q's dtype."""
+    n_q, n_k = pair.n_q, pair.n_k
+    pb = nl.ndarray((plan.tile_q, plan.tile_k), dtype=st.p.dtype, buffer=nl.sbuf, name="p_b")
+    nisa.tensor_tensor(
+        dst=pb[0:n_q, 0:n_k], data1=st.one_minus_t[0:n_q, 0:n_k], data2=st.p[0:n_q, 0:n_k],
+        op=nl.multiply, engine=nisa.engine.gpsimd,
+    )  # fmt: skip
+    st.p_b, st.one_minus_t = pb, None
+
+
+def _softcap_scores(qs, kv, pair, scale, plan, cap, s_dp):
+    """Softcap, stage 1's first step: ``S`` on TensorE into ``s_dp``'s S half and
+    ``softplus(2 y)``, ``y = scale * S / softcap``, on ScalarE (fp32).
+    Returns the pair's :class:`PairTiles` (``one_minus_t`` holds the softplus until
+    :func:`_softcap_one_minus_t`)."""
+    t, n_q, n_k = pair.t, pair.n_q, pair.n_k
+    tq, tk = plan.tile_q, plan.tile_k
+    s = s_dp[0:n_q, 0, 0:n_k]
+    matmul_over_d(s, qs.q_t, t * tq, n_q, kv.k_t, kv.c0, n_k, plan)
+    sp = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="softplus_2y")
+    if plan.softcap_tanh:  # t = tanh(y) itself (see SOFTPLUS_SOFTCAP_MAX)
+        nisa.activation(dst=sp[0:n_q, 0:n_k], op=nl.tanh, data=s, scale=scale / plan.softcap)
+        return PairTiles(p=None, ds=None, ds_t=None, tanh_t=sp)
+    nisa.activation(dst=sp[0:n_q, 0:n_k], op=nl.softplus, data=s, scale=2.0 * scale / plan.softcap)
+    return PairTiles(p=None, ds=None, ds_t=None, one_minus_t=sp)
+
+
+def _softcap_one_minus_t(st, pair, plan, cap):
+    """Softcap, stage 1's second step (ScalarE): ``b = 1 - tanh(y) = 2 exp(-softplus(2 y))``
+    in fp32. softplus and exp share ScalarE's activation table (cost_model/schedule.py
+    _TABLE_SET), so no pair switches tables (tanh would, twice per pair); the steps of a
+    pair run on successive loop steps so ScalarE's in-order queue interleaves pairs rather
+    than waiting out each result's latency. P follows in :func:`_scores` as
+    ``exp(softcap t - lse) = exp(-softcap b + (softcap - lse))``."""
+    n_q, n_k = pair.n_q, pair.n_k
+    b = nl.ndarray((plan.tile_q, plan.tile_k), dtype=nl.float32, buffer=nl.sbuf, name="one_minus_t")
+    if plan.softcap_tanh:  # 1 - t from t (an identity: no table)
+        nisa.activation(
+            dst=b[0:n_q, 0:n_k], op=nl.copy, data=st.tanh_t[0:n_q, 0:n_k], scale=-1.0,
+            bias=cap.one[0:n_q, :],
+        )  # fmt: skip
+        st.one_minus_t = b
+        return
+    nisa.activation(
+        dst=b[0:n_q, 0:n_k], op=nl.exp, data=st.one_minus_t[0:n_q, 0:n_k], scale=-1.0,
+        bias=cap.ln2[0:n_q, :],
+    )  # fmt: skip
+    st.one_minus_t = b
+
+
+def _scores(qs, kv, pair, scale, plan, cap=None, bits=None, mask_t=None, made=None, s_dp=None):
     """Stage 1 of a tile pair: S and dP on TensorE, ``P = exp(scale * S - lse)`` (masked on
-    the diagonal) and ``dS = P * (dP - D)``; with a softcap, ``P = exp(softcap t - lse)``
-    from ``tanh_s`` (:func:`_tanh_scores`) and ``dS = P (1 - t^2) (dP - D)``. Returns the
-    pair's SBUF tiles."""
+    the diagonal) and ``dS = P * (dP - D)``; with a softcap (``cap``: the pass's
+    :class:`SoftcapPass`), ``P = exp(softcap t - lse)`` with ``t = tanh(scale S / softcap)``
+    (``made``: the pair's tiles from :func:`_softcap_scores`) and ``dS = P (1 - t^2)
+    (dP - D)``. ``s_dp``: ``[tq, 2, tk]`` fp32 PSUM for S and dP (half of a bank two pairs
+    share; a tile of its own if None). Returns the pair's SBUF tiles."""
     t, j, n_q, n_k = pair.t, pair.j, pair.n_q, pair.n_k
     tq, tk = plan.tile_q, plan.tile_k
     dtype = qs.q.dtype
@@ -678,8 +851,15 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None, s_dp
     p = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="p")
     if plan.mask and not plan.mask_row and mask_t is None:  # (else loaded pairs ahead)
         mask_t = load_mask_tile(qs.feat, qs.h, pair.q0, n_q, pair.k0, n_k, plan)
-    if plan.softcap:  # P = exp(softcap t - lse), t = tanh(scale * S / softcap) made ahead
-        src, exp_scale = tanh_s[0:n_q, 0:n_k], plan.softcap
+    bias = qs.neg_lse[0:n_q, t : t + 1]
+    one_minus_t = None
+    if plan.softcap:  # P = exp(-softcap b + softcap - lse), b = 1 - t
+        one_minus_t = made.one_minus_t
+        src, exp_scale = one_minus_t[0:n_q, 0:n_k], -plan.softcap
+        bias = cap.bias[0:n_q, t : t + 1]
+        if plan.softcap_tanh:  # softcap t - lse straight from t
+            src, exp_scale = made.tanh_t[0:n_q, 0:n_k], plan.softcap
+            bias = qs.neg_lse[0:n_q, t : t + 1]
     else:
         s = s_dp[:, 0, :]
         matmul_over_d(s[0:n_q, 0:n_k], qs.q_t, t * tq, n_q, kv.k_t, kv.c0, n_k, plan)
@@ -696,7 +876,7 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None, s_dp
                 nisa.tensor_scalar(dst=sb, data=src, op0=nl.multiply, operand0=scale)
                 mask_bounds(sb, n_q, n_k, pair.k0, qs.bounds[0], at, plan, MASK_FILL)
                 src, exp_scale = sb, 1.0
-    if plan.mask == "float" and not plan.mask_row:  # C = scale S (or softcap t) + mask
+    if plan.mask == "float" and not plan.mask_row:  # C = scale S (or -softcap b) + mask
         c = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="masked_scores")
         nisa.scalar_tensor_tensor(
             dst=c[0:n_q, 0:n_k], data=src, op0=nl.multiply, operand0=exp_scale, op1=nl.add,
@@ -707,7 +887,7 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None, s_dp
         dst=p[0:n_q, 0:n_k],
         op=nl.exp,
         data=src,
-        bias=qs.neg_lse[0:n_q, t : t + 1],
+        bias=bias,
         scale=exp_scale,
     )
     if pair.seen == "some" and qs.bounds is None:
@@ -716,43 +896,23 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None, s_dp
         nisa.tensor_copy_predicated(
             dst=p[0:n_q, 0:n_k], src=0.0, predicate=mask_t, reverse_pred=True
         )
+    if plan.softcap and not plan.dropout:  # dP and dS later (_softcap_ds)
+        # 1 + t = 2 - b on ScalarE (an identity: no table switch), in q's dtype
+        c = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="one_plus_t")
+        nisa.activation(
+            dst=c[0:n_q, 0:n_k], op=nl.copy, data=one_minus_t[0:n_q, 0:n_k], scale=-1.0,
+            bias=cap.two[0:n_q, :],
+        )  # fmt: skip
+        return PairTiles(p=p, ds=None, ds_t=None, one_minus_t=one_minus_t, one_plus_t=c)
     dp = s_dp[:, 1, :]
     matmul_over_d(dp[0:n_q, 0:n_k], qs.do_t, t * tq, n_q, kv.v_t, kv.c0, n_k, plan)
     ds = nl.ndarray((tq, tk), dtype=dtype, buffer=nl.sbuf, name="ds")
     neg_d = qs.neg_dvec[0:n_q, t : t + 1]
+    if plan.softcap:  # and dropout
+        pg = _softcap_dtanh(p, one_minus_t, n_q, n_k, plan)
+        return _dropped_pair(qs, pair, p, dp, ds, neg_d, pg, bits, plan)
     if plan.dropout:
-        tanh = tanh_s if plan.softcap else None
-        return _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh, bits, plan)
-    if plan.softcap:
-        # dS = P (1 - t^2) (dP - D): t^2 on GpSimd, P (1 - t^2) in fp32 and then dS from
-        # PSUM on VectorE (ScalarE already took the tanh, so not dP - D as "split" does).
-        t2 = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="tanh_sq")
-        nisa.tensor_tensor(
-            dst=t2[0:n_q, 0:n_k],
-            data1=tanh_s[0:n_q, 0:n_k],
-            data2=tanh_s[0:n_q, 0:n_k],
-            op=nl.multiply,
-            engine=nisa.engine.gpsimd,
-        )
-        pg = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="p_dtanh")
-        nisa.scalar_tensor_tensor(
-            dst=pg[0:n_q, 0:n_k],
-            data=t2[0:n_q, 0:n_k],
-            op0=nl.subtract,
-            operand0=1.0,
-            reverse0=True,
-            op1=nl.multiply,
-            operand1=p[0:n_q, 0:n_k],
-        )
-        nisa.scalar_tensor_tensor(
-            dst=ds[0:n_q, 0:n_k],
-            data=dp[0:n_q, 0:n_k],
-            op0=nl.add,
-            operand0=neg_d,
-            op1=nl.multiply,
-            operand1=pg[0:n_q, 0:n_k],
-        )
-        return PairTiles(p=p, ds=ds, ds_t=None)
+        return _dropped_pair(qs, pair, p, dp, ds, neg_d, None, bits, plan)
     split = plan.elementwise == "split" or (plan.elementwise == "balanced" and (t + j) % 2 == 0)
     if split:
         # ScalarE: dP - D out of PSUM; VectorE: one SBUF x SBUF multiply by P.
@@ -780,7 +940,24 @@ def _scores(qs, kv, pair, scale, plan, tanh_s=None, bits=None, mask_t=None, s_dp
     return PairTiles(p=p, ds=ds, ds_t=None)
 
 
-def _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s, bits, plan):
+def _softcap_dtanh(p, one_minus_t, n_q, n_k, plan):
+    """``P (1 - t^2) = P b (2 - b)`` with ``b = 1 - t`` (fp32), in P's dtype: ``P b`` on
+    GpSimd, times ``2 - b`` on VectorE (one scalar_tensor_tensor)."""
+    tq, tk = plan.tile_q, plan.tile_k
+    pb = nl.ndarray((tq, tk), dtype=p.dtype, buffer=nl.sbuf, name="p_one_minus_t")
+    nisa.tensor_tensor(
+        dst=pb[0:n_q, 0:n_k], data1=one_minus_t[0:n_q, 0:n_k], data2=p[0:n_q, 0:n_k],
+        op=nl.multiply, engine=nisa.engine.gpsimd,
+    )  # fmt: skip
+    pg = nl.ndarray((tq, tk), dtype=p.dtype, buffer=nl.sbuf, name="p_dtanh")
+    nisa.scalar_tensor_tensor(
+        dst=pg[0:n_q, 0:n_k], data=one_minus_t[0:n_q, 0:n_k], op0=nl.subtract, operand0=2.0,
+        reverse0=True, op1=nl.multiply, operand1=pb[0:n_q, 0:n_k],
+    )  # fmt: skip
+    return pg
+
+
+def _dropped_pair(qs, pair, p, dp, ds, neg_d, p_dtanh, bits, plan):
     """Stage 1's end under dropout (the forward's keep mask, replayed from the same row
     keys; ``bits``: the pair's :class:`DropBits`, made in the steps before), with
     ``Z = keep / (1 - p)``: ``dS = P * (Z dP - D)`` (times ``1 - t^2`` under a softcap) and
@@ -801,17 +978,8 @@ def _dropped_pair(qs, pair, p, dp, ds, neg_d, tanh_s, bits, plan):
         operand1=p[0:n_q, 0:n_k],
     )  # fmt: skip
     weight, dp_dtype = p[0:n_q, 0:n_k], p.dtype
-    if tanh_s is not None:  # P (1 - t^2), as without dropout
-        pg = nl.ndarray((tq, tk), dtype=nl.float32, buffer=nl.sbuf, name="p_dtanh")
-        nisa.tensor_tensor(
-            dst=pg[0:n_q, 0:n_k], data1=tanh_s[0:n_q, 0:n_k], data2=tanh_s[0:n_q, 0:n_k],
-            op=nl.multiply, engine=nisa.engine.gpsimd,
-        )  # fmt: skip
-        nisa.scalar_tensor_tensor(
-            dst=pg[0:n_q, 0:n_k], data=pg[0:n_q, 0:n_k], op0=nl.subtract, operand0=1.0,
-            reverse0=True, op1=nl.multiply, operand1=weight,
-        )  # fmt: skip
-        weight, dp_dtype = pg[0:n_q, 0:n_k], nl.float32
+    if p_dtanh is not None:  # softcap: P (1 - t^2), made as without dropout
+        weight = p_dtanh[0:n_q, 0:n_k]
     dp_d = nl.ndarray((tq, tk), dtype=dp_dtype, buffer=nl.sbuf, name="dp_minus_d")
     nisa.activation(
         dst=dp_d[0:n_q, 0:n_k], op=nl.copy, data=kdp[0:n_q, 0:n_k], scale=plan.inv_keep,
@@ -1248,6 +1416,63 @@ def _pass_pairs(p0, n_tiles, n_kt, plan):
     return pairs
 
 
+def _softcap_steps(
+    step, states, pairs, qs, kv_tiles, scale, plan, cap, drop, masks, s_dp, kv_group
+):
+    """Softcap, stage 1 of loop step ``step``: each part on a pair some steps behind the part
+    issued after it, so no in-order engine queue waits out the latency of a result it has
+    just made (oldest first): dS of pair ``step - 6`` and ``(dP - D) P (1 - t)`` of pair
+    ``step - 5`` (VectorE), dP - D of pair ``step - 4`` (TensorE, into ``s_dp``'s dP half),
+    ``P (1 - t)`` of pair ``step - 3`` (GpSimd), P, ``1 + t`` and the masks of pair
+    ``step - 2`` (:func:`_scores`), ``1 - t`` of pair ``step - 1``, S (into ``s_dp``'s S
+    half) and the softplus of pair ``step``. ``s_dp``: ``[tq, 2, tk]`` fp32 PSUM, half of
+    a bank two loop steps share (the kernel's loop). Under dropout :func:`_scores` does
+    the rest, its dP in ``s_dp``'s dP half. With ``plan.softcap_tanh`` the S and t of
+    pair ``step`` and up to SOFTCAP_TANH_BURST - 1 later pairs of its key block
+    (``kv_group``: per pair its block) come in one burst, unless an earlier burst made
+    them: ScalarE switches between the tanh and exp tables twice per burst."""
+    n_pairs = len(pairs)
+    if not plan.dropout:
+        for lag in (6, 5):
+            n = step - lag
+            if 0 <= n < n_pairs:
+                _softcap_ds(states[n], pairs[n], plan, lag == 6)
+        n = step - 4
+        if 0 <= n < n_pairs:
+            _softcap_dp(states[n], qs, kv_tiles[pairs[n].j], pairs[n], plan, cap, s_dp)
+        n = step - 3
+        if 0 <= n < n_pairs:
+            _softcap_pb(states[n], pairs[n], plan)
+    n = step - 2
+    if 0 <= n < n_pairs:
+        kv = kv_tiles[pairs[n].j]
+        states[n] = _scores(qs, kv, pairs[n], scale, plan, cap, drop[n], masks[n], states[n], s_dp)
+        drop[n], masks[n] = None, None
+    n = step - 1
+    if 0 <= n < n_pairs:
+        _softcap_one_minus_t(states[n], pairs[n], plan, cap)
+    n = step
+    if 0 <= n < n_pairs and not plan.softcap_tanh:
+        kv = kv_tiles[pairs[n].j]
+        states[n] = _softcap_scores(qs, kv, pairs[n], scale, plan, cap, s_dp)
+    if 0 <= n < n_pairs and plan.softcap_tanh and states[n] is None:
+        # a burst: S and t of this pair and the next ones up to SOFTCAP_TANH_BURST, their
+        # S four to a PSUM bank; under kv_outer only of this pair's key block (the next
+        # block's K^T is made at this block's last pair)
+        m = n
+        while m < min(n + SOFTCAP_TANH_BURST, n_pairs) and (
+            plan.loop_order == "q_outer" or kv_group[m] == kv_group[n]
+        ):
+            if (m - n) % 4 == 0:
+                s_cap = nl.ndarray(
+                    (plan.tile_q, 4, plan.tile_k), dtype=nl.float32, buffer=nl.psum, name="s_cap"
+                )
+            s_m = s_cap[:, (m - n) % 4 : (m - n) % 4 + 1, :]
+            kv = kv_tiles[pairs[m].j]
+            states[m] = _softcap_scores(qs, kv, pairs[m], scale, plan, cap, s_m)
+            m += 1
+
+
 @nki.jit
 def flash_attention_bwd_kernel(
     dout, q, k, v, out, lse, sinks, scale, plan, kv_bounds=None, attn_mask=None, row_keys=None
@@ -1371,11 +1596,15 @@ def flash_attention_bwd_kernel(
             if len(pass_pairs[0]) > 0:
                 jb0 = pass_pairs[0][0].j // kb
                 _load_kv_block(k, v, b, hk, jb0, kv_next, n_kt, plan, psum_dtype, 3)
+        cap_next = None
         for i in range(len(passes)):
             h, p0, n_tiles = passes[i]
             qs, kv_tiles = qs_next, kv_next
             pairs = pass_pairs[i]
             n_pairs = len(pairs)
+            cap, cap_next = cap_next, None  # softcap: made after the pass's prepare
+            if plan.softcap and cap is None:
+                cap = _softcap_pass(qs, n_tiles, plan, psum_dtype)
             # Prefetch the next pass while this one runs: its DMAs now, its transposes
             # (and its first key block, under kv_outer) near this pass's end.
             has_next = i + 1 < len(passes)
@@ -1408,7 +1637,6 @@ def flash_attention_bwd_kernel(
                 if len(blocks) == 0 or blocks[-1] != jb:
                     blocks.append(jb)
             states = [None] * n_pairs  # per pair: its PairTiles, from stage 1 to stage 3
-            tanhs = [None] * n_pairs  # softcap: per pair its tanh(scale S / softcap) tile
             drop = [None] * n_pairs  # dropout: per pair its DropBits, made ahead of stage 1
             masks = [None] * n_pairs  # a mask with a query dim: per pair its tile, loaded ahead
             stored_mask = plan.mask and not plan.mask_row
@@ -1444,38 +1672,21 @@ def flash_attention_bwd_kernel(
                     if ahead >= 0 and first and dst_tiles[ahead * kb] is None:
                         _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 1)
                         loading.append((ahead, dst_tiles is kv_next))
-                    if plan.softcap and plan.tanh_blocks == 0:
-                        tanhs[n] = _tanh_scores(qs, kv_tiles[pair.j], pair, scale, plan)
-                    if plan.softcap and plan.tanh_blocks > 0 and first and tanhs[n] is None:
-                        # tanh of the whole key block's pairs at once: ScalarE switches
-                        # its activation table (tanh, exp) twice per block, not per pair
-                        m = n
-                        while m < n_pairs and kv_group[m] == kv_group[n]:
-                            tanhs[m] = _tanh_scores(qs, kv_tiles[pairs[m].j], pairs[m], scale, plan)
-                            m += 1
-                    kv_n = kv_tiles[pair.j]
-                    # two consecutive pairs' S and dP share one PSUM bank ([tq, 4, tk] fp32)
-                    if n % 2 == 0:
-                        s_dp2 = nl.ndarray(
-                            (tq, 4, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp"
+                    if not plan.softcap:
+                        kv_n = kv_tiles[pair.j]
+                        # two consecutive pairs' S and dP share one PSUM bank ([tq, 4, tk] fp32)
+                        if n % 2 == 0:
+                            s_dp2 = nl.ndarray(
+                                (tq, 4, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp"
+                            )
+                        half = s_dp2[:, 2 * (n % 2) : 2 * (n % 2) + 2, :]
+                        states[n] = _scores(
+                            qs, kv_n, pair, scale, plan, None, drop[n], masks[n], None, half
                         )
-                    half = s_dp2[:, 2 * (n % 2) : 2 * (n % 2) + 2, :]
-                    states[n] = _scores(
-                        qs, kv_n, pair, scale, plan, tanhs[n], drop[n], masks[n], half
-                    )
-                    tanhs[n], drop[n], masks[n] = None, None, None
+                        drop[n], masks[n] = None, None
                     if ahead >= 0 and last:
                         if (ahead, dst_tiles is kv_next) in loading:
                             _load_kv_block(k, v, b, hk, ahead, dst_tiles, n_kt, plan, psum_dtype, 2)
-                        if plan.softcap and plan.tanh_blocks == 2 and dst_tiles is kv_tiles:
-                            # the next key block of this pass is loaded: its tanh burst now,
-                            # while this block's pairs drain, not when its first pair starts
-                            m = n + 1
-                            while m < n_pairs and kv_group[m] == ahead:
-                                tanhs[m] = _tanh_scores(
-                                    qs, kv_tiles[pairs[m].j], pairs[m], scale, plan
-                                )
-                                m += 1
                     if has_next:
                         # the next pass's transposes, -lse and -D, tile by tile over this
                         # pass's last 3/4 of pairs (its rows were loaded at this pass's
@@ -1488,6 +1699,23 @@ def flash_attention_bwd_kernel(
                         while prepared < due:
                             _prepare_step(qs_next, prepared, plan, psum_dtype)
                             prepared += 1
+                        if plan.softcap and prepared == n_next and cap_next is None:
+                            # its -lse and -D made: the next pass's softcap columns and rows
+                            cap_next = _softcap_pass(qs_next, passes[i + 1][2], plan, psum_dtype)
+                if plan.softcap:  # stage 1 over 7 loop steps (_softcap_steps)
+                    # the S of pair `step` beside the dP of an earlier pair (4 steps back;
+                    # 2 under dropout) in one half of a PSUM bank two steps share
+                    half = None
+                    if 0 <= step < n_pairs + (2 if plan.dropout else 4):
+                        if step % 2 == 0:
+                            s_dp2 = nl.ndarray(
+                                (tq, 4, tk), dtype=nl.float32, buffer=nl.psum, name="s_dp"
+                            )
+                        half = s_dp2[:, 2 * (step % 2) : 2 * (step % 2) + 2, :]
+                    _softcap_steps(
+                        step, states, pairs, qs, kv_tiles, scale, plan, cap, drop, masks, half,
+                        kv_group,
+                    )  # fmt: skip
                 n = step - plan.lag_kv
                 if 0 <= n < n_pairs:
                     first = n == 0 or kv_group[n - 1] != kv_group[n]

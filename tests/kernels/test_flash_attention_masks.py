@@ -241,6 +241,8 @@ def _combined(name, g):
         "softcap, window, bool mask": (True, (200, 0), 20.0, None, bool_mask, 0.0, None),
         "sinks, padding mask, dropout": (True, None, 0.0, sinks, pad, 0.2, seed),
         "sinks, softcap, window, dropout": (True, (300, 0), 30.0, sinks, None, 0.1, seed),
+        # above the backward's SOFTPLUS_SOFTCAP_MAX (fp32 64): its t = tanh(y) form
+        "softcap 100, window, dropout": (True, (300, 0), 100.0, None, None, 0.1, seed),
     }
     causal, window, softcap, sinks, mask, p, seed = cases[name]
     return (q, k, v, causal, None, window, softcap, sinks, mask, p, seed)
@@ -255,6 +257,7 @@ def _combined(name, g):
         "softcap, window, bool mask",
         "sinks, padding mask, dropout",
         "sinks, softcap, window, dropout",
+        "softcap 100, window, dropout",
     ],
 )
 def test_mask_and_dropout_combine_with_sinks_softcap_and_window(name):
