@@ -32,7 +32,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from neuron_kernels.autotune import hw_node, hw_protocol, measure_worker, results
+from neuron_kernels import tuned_configs
+from neuron_kernels.autotune import hw_node, hw_protocol, measure_worker
 from neuron_kernels.autotune.backends import BackendUnavailable
 from neuron_kernels.autotune.neff_backend import HardwareBackend, WorkerFailure, run_worker
 from neuron_kernels.autotune.objective import make_point
@@ -165,7 +166,7 @@ def test_a_study_on_the_doubles_writes_hardware_entries_the_op_reads(node, tmp_p
     spec, point, found, trials = _tune(tmp_path, _backend(), trials=2)
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert found.source == "hardware" and found.best_us > 0
-    (entry,) = results.load_entries(found.written, "matmul", "trn2")
+    (entry,) = tuned_configs.load_entries(found.written, "matmul", "trn2")
     assert entry["source"] == "hardware" and entry["backend"] == "hardware"
     assert entry["lnc"] == 2
     assert entry["hardware"]["instance_type"] == "trn2.48xlarge"
@@ -188,8 +189,8 @@ def test_a_study_on_the_doubles_writes_hardware_entries_the_op_reads(node, tmp_p
         "config": spec.config.default().to_dict(),
     }
     modeled.pop("hardware")  # same key, LNC included
-    results.write_entry(spec, modeled, "trn2", tmp_path / "perf_results")
-    monkeypatch.setenv(results.PERF_RESULTS_ENV, str(tmp_path / "perf_results"))
+    tuned_configs.write_entry(spec, modeled, "trn2", tmp_path / "perf_results")
+    monkeypatch.setenv(tuned_configs.PERF_RESULTS_ENV, str(tmp_path / "perf_results"))
     from neuron_kernels.torch_ops.routing import select_config
 
     args = spec.make_inputs(
@@ -314,7 +315,7 @@ def test_lnc_1_on_an_lnc_2_node_compiles_measures_and_stores_at_lnc_1(node, tmp_
         "hardware: trn2.48xlarge at LNC=1; compiles on logical core(s) [7], measurements on "
         "[0, 1, 2, 3, 4, 5, 6]" in out
     )
-    (entry,) = results.load_entries(tmp_path / "trn2" / "matmul.json", "matmul", "trn2")
+    (entry,) = tuned_configs.load_entries(tmp_path / "trn2" / "matmul.json", "matmul", "trn2")
     assert entry["lnc"] == 1 and entry["hardware"]["lnc"] == 1
     calls = _calls(node)
     assert {c["lnc"] for c in calls} == {"1"}  # both workers ran at the runtime LNC of 1
@@ -383,7 +384,7 @@ def test_autotune_cli_completes_a_hardware_study_on_the_doubles(node, tmp_path, 
         "hardware: trn2.48xlarge at LNC=2; compiles on logical core(s) [3], measurements on [0, 1, 2]"
         in out
     )
-    (entry,) = results.load_entries(tmp_path / "trn2" / "matmul.json", "matmul", "trn2")
+    (entry,) = tuned_configs.load_entries(tmp_path / "trn2" / "matmul.json", "matmul", "trn2")
     assert entry["source"] == "hardware" and entry["hardware"]["lnc"] == 2
 
 
