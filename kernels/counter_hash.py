@@ -5,7 +5,7 @@ int32 multiplies (GpSimdE's exact wrapping integer arithmetic), xors and logical
 (VectorE), so the interpreter, the hardware and the torch mirror (:func:`hash32`) draw the
 same bits. Used by the fused AdamW step's stochastic rounding (``kernels/adamw.py``,
 ``_step_round``: 16 bits per element) and by flash attention's dropout
-(``kernels/flash_attention.py``, ``dropout_stage``: 16 bits per score).
+(``kernels/attention_tiles.py``, ``dropout_stage``: 16 bits per score).
 
 The mixing is ``x = x * HASH_M1; x ^= x >> 15; x = x * HASH_M2`` (mod 2^32, logical shift);
 a caller takes the high bits of the result.

@@ -1,7 +1,7 @@
 """Variable-length (packed) flash attention, FlashAttention's ``flash_attn_varlen_func``:
 the ``flash_attention_varlen`` / ``flash_attention_varlen_fwd`` / ``flash_attention_varlen_bwd``
-op declarations over the BHSD kernels of :mod:`.flash_attention` and
-:mod:`.flash_attention_bwd` (no kernel of its own).
+op declarations over the BHSD kernels of :mod:`.flash_attention_kernel` and
+:mod:`.flash_attention_bwd_kernel` (no kernel of its own).
 
 Layout: a batch of sequences packed row after row, q ``[total_q, H, D]``, k and v
 ``[total_k, Hkv, D]`` (GQA as the BHSD op: ``H % Hkv == 0``), sequence ``s`` at rows
@@ -61,8 +61,13 @@ import torch
 
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import Target, usable_psum_banks
+from neuron_kernels.kernels import attention_contract as attn_contract
 from neuron_kernels.kernels import flash_attention as fa
 from neuron_kernels.kernels import flash_attention_bwd as fab
+from neuron_kernels.kernels import flash_attention_bwd_kernel as fab_kernel
+from neuron_kernels.kernels import flash_attention_bwd_plan as fab_plan
+from neuron_kernels.kernels import flash_attention_kernel as fa_kernel
+from neuron_kernels.kernels import flash_attention_plan as fa_plan
 from neuron_kernels.kernels.spec import (
     DTYPES,
     OpSpec,
@@ -117,15 +122,15 @@ class FlashAttentionVarlenConfig(TunableConfig):
 
     op_name = FWD_OP
 
-    k_tile: int = _bhsd_tunable(fa.FlashAttentionConfig, "k_tile", (128, 512))
+    k_tile: int = _bhsd_tunable(fa_plan.FlashAttentionConfig, "k_tile", (128, 512))
     kv_block: int = tunable(
         0,
         (0, 512, 4096),
         "modeled: 0 (K/V resident when they fit, two-pass softmax over the band) at 8 x 1024 "
         "causal packed to 8192, H4 Hkv1 D128 bf16, LNC=1: 656 us vs 1018 us with 4096 (online)",
     )
-    q_group: int = _bhsd_tunable(fa.FlashAttentionConfig, "q_group", (1, 2, 4))
-    softmax: str = _bhsd_tunable(fa.FlashAttentionConfig, "softmax", ("two_pass", "online"))
+    q_group: int = _bhsd_tunable(fa_plan.FlashAttentionConfig, "q_group", (1, 2, 4))
+    softmax: str = _bhsd_tunable(fa_plan.FlashAttentionConfig, "softmax", ("two_pass", "online"))
     p_dma_tiles: int = tunable(
         1,
         (1, 3),
@@ -134,13 +139,13 @@ class FlashAttentionVarlenConfig(TunableConfig):
         "592 us with 0",
     )
 
-    def bhsd(self, kv_block: int | None = None) -> fa.FlashAttentionConfig:
+    def bhsd(self, kv_block: int | None = None) -> fa_plan.FlashAttentionConfig:
         """The BHSD forward's config with these fields (``kv_block`` instead of 0, which
         :func:`plan_fwd` resolves), its defaults elsewhere."""
         fields_ = self.to_dict()
         if kv_block is not None:
             fields_["kv_block"] = kv_block
-        return fa.FlashAttentionConfig(**fields_)
+        return fa_plan.FlashAttentionConfig(**fields_)
 
 
 @dataclass(frozen=True)
@@ -150,15 +155,15 @@ class FlashAttentionVarlenBwdConfig(TunableConfig):
 
     op_name = BWD_OP
 
-    tile_k: int = _bhsd_tunable(fab.FlashAttentionBwdConfig, "tile_k", (64, 128))
-    q_block: int = _bhsd_tunable(fab.FlashAttentionBwdConfig, "q_block", (4, 16))
+    tile_k: int = _bhsd_tunable(fab_plan.FlashAttentionBwdConfig, "tile_k", (64, 128))
+    q_block: int = _bhsd_tunable(fab_plan.FlashAttentionBwdConfig, "q_block", (4, 16))
     loop_order: str = _bhsd_tunable(
-        fab.FlashAttentionBwdConfig, "loop_order", ("kv_outer", "q_outer")
+        fab_plan.FlashAttentionBwdConfig, "loop_order", ("kv_outer", "q_outer")
     )
 
-    def bhsd(self) -> fab.FlashAttentionBwdConfig:
+    def bhsd(self) -> fab_plan.FlashAttentionBwdConfig:
         """The BHSD backward's config with these fields, its defaults elsewhere."""
-        return fab.FlashAttentionBwdConfig(**self.to_dict())
+        return fab_plan.FlashAttentionBwdConfig(**self.to_dict())
 
 
 # -- packing: identity, per-row key bounds, the BHSD problem --------------------------------
@@ -260,18 +265,18 @@ def plan_fwd(problem: dict, dtype: str, config, target: Target, lnc: int = 1):
     _check_total_k(FWD_OP, problem)
     bhsd = bhsd_problem(problem)
     if config.kv_block == 0:
-        resident = fa.plan(bhsd, dtype, config.bhsd(bhsd["sk"]), target, lnc)
+        resident = fa_plan.plan(bhsd, dtype, config.bhsd(bhsd["sk"]), target, lnc)
         fits = resident.sbuf_bytes <= target.sbuf_usable_bytes
         if fits and resident.psum_banks <= usable_psum_banks(target):
             return resident
-        return fa.plan(bhsd, dtype, config.bhsd(RESIDENT_FALLBACK), target, lnc)
-    return fa.plan(bhsd, dtype, config.bhsd(), target, lnc)
+        return fa_plan.plan(bhsd, dtype, config.bhsd(RESIDENT_FALLBACK), target, lnc)
+    return fa_plan.plan(bhsd, dtype, config.bhsd(), target, lnc)
 
 
 def plan_bwd(problem: dict, dtype: str, config, target: Target, lnc: int = 1):
     """The BHSD backward's plan for the packed batch (:func:`bhsd_problem`)."""
     _check_total_k(BWD_OP, problem)
-    return fab.plan(bhsd_problem(problem), dtype, config.bhsd(), target, lnc)
+    return fab_plan.plan(bhsd_problem(problem), dtype, config.bhsd(), target, lnc)
 
 
 # -- validation --------------------------------------------------------------------------
@@ -323,9 +328,13 @@ def validate_varlen(
             raise LimitError(
                 op, f"{arg}.shape[2]", f"must equal q's head dim ({d})", t.shape[2], limit=d
             )
-    if not 1 <= d <= fa.MAX_HEAD_DIM:
+    if not 1 <= d <= attn_contract.MAX_HEAD_DIM:
         raise LimitError(
-            op, "head dim", f"must be in [1, {fa.MAX_HEAD_DIM}]", d, limit=fa.MAX_HEAD_DIM
+            op,
+            "head dim",
+            f"must be in [1, {attn_contract.MAX_HEAD_DIM}]",
+            d,
+            limit=attn_contract.MAX_HEAD_DIM,
         )
     if v.shape[0] != k.shape[0]:
         raise LimitError(
@@ -453,7 +462,7 @@ def reference_fwd(
     compute = torch.float64 if upcast else torch.float32
     outs, lses = [], []
     for q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k):
-        o, lse = fa.attention_reference(
+        o, lse = attn_contract.attention_reference(
             _bhsd(q[q0:q1]), _bhsd(k[k0:k1]), _bhsd(v[k0:k1]), causal, softmax_scale, upcast=upcast
         )
         outs.append(o[0].transpose(0, 1))
@@ -601,7 +610,7 @@ def _forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, config, r
     tiles = FWD_SPEC.check(prob, dtype_name(q), config, runner.target, runner_lnc(runner))
     kv_bounds, live = _bounds_for(cu_q, cu_k, total_q, causal, tiles.q_tile)
     out, lse = runner(
-        fa.flash_attention_fwd_kernel[tiles.lnc],
+        fa_kernel.flash_attention_fwd_kernel[tiles.lnc],
         q.contiguous().unsqueeze(0),
         k.contiguous().unsqueeze(0),
         v.contiguous().unsqueeze(0),
@@ -705,7 +714,7 @@ def run_kernels_bwd(
     # A row that sees no key has lse = -inf: a finite stand-in makes its masked P exactly 0.
     lse_k = torch.where(live[None, :], lse, 0.0).unsqueeze(0).contiguous()
     outs = runner(
-        fab.flash_attention_bwd_kernel[tiles.lnc],
+        fab_kernel.flash_attention_bwd_kernel[tiles.lnc],
         dout.contiguous().unsqueeze(0),
         q.contiguous().unsqueeze(0),
         k.contiguous().unsqueeze(0),
@@ -713,7 +722,7 @@ def run_kernels_bwd(
         out.contiguous().unsqueeze(0),
         lse_k,
         None,  # sinks
-        fa.resolve_scale(softmax_scale, d),
+        attn_contract.resolve_scale(softmax_scale, d),
         tiles,
         kv_bounds,
     )
@@ -1136,7 +1145,7 @@ FWD_SPEC = register(
         output_shapes=output_shapes_fwd,
         shape_bucket=shape_bucket,
         model_slice=kv_group_slice_fwd,
-        kernels=(fa.flash_attention_fwd_kernel,),
+        kernels=(fa_kernel.flash_attention_fwd_kernel,),
         autograd=(_setup_context, _backward),
         bad_inputs=_bad_inputs(FWD_OP),
         budget_hints=_BUDGET_HINTS,
@@ -1161,7 +1170,7 @@ SPEC = register(
         output_shapes=output_shapes,
         shape_bucket=shape_bucket,
         model_slice=kv_group_slice_fwd,
-        kernels=(fa.flash_attention_fwd_kernel,),
+        kernels=(fa_kernel.flash_attention_fwd_kernel,),
         composite=composite,
         bad_inputs=_bad_inputs(OP),
         budget_hints=_BUDGET_HINTS,
@@ -1187,7 +1196,7 @@ BWD_SPEC = register(
         output_shapes=output_shapes_bwd,
         shape_bucket=shape_bucket,
         model_slice=kv_group_slice_bwd,
-        kernels=(fab.flash_attention_bwd_kernel,),
+        kernels=(fab_kernel.flash_attention_bwd_kernel,),
         bad_inputs=_bad_inputs_bwd,
         budget_hints=fab.SPEC.budget_hints,
         committed_shapes=_COMMITTED_BWD,

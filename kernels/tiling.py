@@ -10,7 +10,7 @@ plans and the tests alike (nki/get-started/about/lnc.rst: a kernel launched as
 
 from __future__ import annotations
 
-__all__ = ["core_share", "split_work", "tiled"]
+__all__ = ["core_share", "split_work", "tile_size", "tiled"]
 
 
 def tiled(n, tile, start=0):
@@ -20,6 +20,12 @@ def tiled(n, tile, start=0):
     for t0 in range(start, n, tile):
         out.append((t0, min(tile, n - t0)))
     return out
+
+
+def tile_size(n, tile, t0):
+    """Elements of the tile at offset ``t0`` of a range of ``n`` tiled by ``tile``: ``tile``,
+    or the remainder for the last one (the sizes :func:`tiled` gives)."""
+    return min(tile, n - t0)
 
 
 def split_work(costs, cores):

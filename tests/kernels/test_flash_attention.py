@@ -16,8 +16,13 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from neuron_kernels.errors import LimitError
+from neuron_kernels.hardware import TARGETS
 from neuron_kernels.kernels import Tolerance
+from neuron_kernels.kernels import attention_contract as attn_contract
 from neuron_kernels.kernels import flash_attention as fa
+from neuron_kernels.kernels import flash_attention_plan as fa_plan
+from neuron_kernels.kernels.spec import dtype_name
 from neuron_kernels.verification import assert_within_tolerance, interpreter_runner_for, run_kernel
 
 FWD = fa.FWD_SPEC
@@ -40,14 +45,14 @@ def _tolerance(dtype, scale, d):
     fp32 rounding error, and so the relative error of its weight, grows with its magnitude
     (PyTorch's own fp32 SDPA has the same growth)."""
     tol = FWD.tolerances[dtype]
-    f = max(1.0, abs(fa.resolve_scale(scale, d)) * math.sqrt(d))
+    f = max(1.0, abs(attn_contract.resolve_scale(scale, d)) * math.sqrt(d))
     return Tolerance(tol.atol * f, tol.rtol * f, f"{tol.reason}, x{f:.3g} for the logit size")
 
 
 def _check(q, k, v, causal, scale, config=None, context="", strict=False):
     out = run_kernel(FWD, (q, k, v, causal, scale), config)
-    ref = fa.attention_reference(q, k, v, causal, scale)
-    tol = _tolerance(fa.dtype_name(q), None if strict else scale, q.shape[-1])
+    ref = attn_contract.attention_reference(q, k, v, causal, scale)
+    tol = _tolerance(dtype_name(q), None if strict else scale, q.shape[-1])
     assert_within_tolerance(
         out, ref, tol, f"[{tuple(q.shape)} {tuple(k.shape)} {causal} {scale} {context}]"
     )
@@ -61,7 +66,10 @@ def _check(q, k, v, causal, scale, config=None, context="", strict=False):
     groups=st.sampled_from([1, 2, 4]),
     sq=st.one_of(st.sampled_from(EDGES), st.integers(1, 600)),
     sk=st.one_of(st.sampled_from(EDGES), st.integers(1, 600)),
-    d=st.one_of(st.sampled_from(fa.SUPPORTED_HEAD_DIMS), st.integers(1, fa.MAX_HEAD_DIM)),
+    d=st.one_of(
+        st.sampled_from(attn_contract.SUPPORTED_HEAD_DIMS),
+        st.integers(1, attn_contract.MAX_HEAD_DIM),
+    ),
     causal=st.booleans(),
     scale=st.one_of(st.none(), st.floats(-2.0, 2.0, allow_nan=False)),
     dtype=st.sampled_from(sorted(DTYPES)),
@@ -75,7 +83,7 @@ def test_forward_matches_fp64_reference(b, hkv, groups, sq, sk, d, causal, scale
     _check(q, k, v, causal, scale)
 
 
-@pytest.mark.parametrize("d", fa.SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("d", attn_contract.SUPPORTED_HEAD_DIMS)
 def test_named_head_dims(d):
     """Every head dim the README names, one and two contraction tiles, in bf16."""
     q, k, v = _inputs(1, 2, 1, 130, 200, d, "bfloat16", seed=d)
@@ -93,7 +101,7 @@ def test_causal_aligns_bottom_right(sq, sk):
     assert torch.isneginf(lse[:, :, :dead]).all()
     assert torch.isfinite(lse[:, :, dead:]).all() and torch.isfinite(out).all()
     # Row i sees j <= i + (Sk - Sq): the last row sees every key, as non-causal does.
-    full = fa.attention_reference(q, k, v, False, None)[0]
+    full = attn_contract.attention_reference(q, k, v, False, None)[0]
     torch.testing.assert_close(out[:, :, -1].double(), full[:, :, -1], atol=1e-5, rtol=1e-5)
 
 
@@ -126,8 +134,8 @@ def test_error_at_most_twice_pytorch_sdpa(dtype):
     q, k, v = _inputs(1, 4, 2, 256, 384, 64, dtype, seed=11)
     for causal in (False, True):
         out = run_kernel(FWD, (q, k, v, causal, None))[0]
-        ref = fa.attention_reference(q, k, v, causal, None)[0]
-        mask = fa.causal_visible(256, 384) if causal else None
+        ref = attn_contract.attention_reference(q, k, v, causal, None)[0]
+        mask = attn_contract.causal_visible(256, 384) if causal else None
         theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         ours_err = (out.double() - ref).abs().max().item()
         torch_err = (theirs.double() - ref).abs().max().item()
@@ -137,10 +145,10 @@ def test_error_at_most_twice_pytorch_sdpa(dtype):
 @pytest.mark.parametrize(
     "config",
     [
-        fa.FlashAttentionConfig(
+        fa_plan.FlashAttentionConfig(
             k_tile=128, kv_block=512, load_transpose="dma", p_transpose="vector"
         ),
-        fa.FlashAttentionConfig(k_tile=256, kv_block=512, load_transpose="strided"),
+        fa_plan.FlashAttentionConfig(k_tile=256, kv_block=512, load_transpose="strided"),
     ],
     ids=["streamed-dma-vector", "streamed-strided"],
 )
@@ -155,7 +163,7 @@ def test_streamed_kv_blocks(config):
 def test_both_softmax_modes_with_resident_kv(softmax):
     """K/V resident: the two-pass and the online softmax both match the reference, causal
     with Sq < Sk (a diagonal crossing key tiles mid-chunk) and GQA with remainder tiles."""
-    config = fa.FlashAttentionConfig(softmax=softmax)
+    config = fa_plan.FlashAttentionConfig(softmax=softmax)
     q, k, v = _inputs(1, 4, 2, 200, 777, 96, "bfloat16", seed=3)
     _check(q, k, v, True, None, config)
     _check(q, k, v, False, -0.2, config)
@@ -203,10 +211,10 @@ def _visible_chunks(sq, sk, k_tile):
 def test_causal_skips_masked_tiles_at_trace_time(softmax):
     """At Sq = Sk = 1024, causal issues no instruction for fully masked tiles: TensorE runs
     one QK^T matmul per visible key tile (two passes: twice) plus, on a tile crossing the
-    diagonal, one matmul adding the diagonal's bias in PSUM (fa.EdgeBias: per pass) and
+    diagonal, one matmul adding the diagonal's bias in PSUM (attn_tiles.EdgeBias: per pass) and
     one P V matmul per visible 128-key chunk (36 of 64 chunks), and the whole trace
     shrinks accordingly (trace-only runs)."""
-    config = fa.FlashAttentionConfig(k_tile=128, softmax=softmax)
+    config = fa_plan.FlashAttentionConfig(k_tile=128, softmax=softmax)
     counts = {}
     for causal in (False, True):
         run = _trace(1024, 1024, causal, config)
@@ -224,11 +232,11 @@ def test_causal_skips_masked_tiles_at_trace_time(softmax):
 def test_plan_bounds_the_measured_peaks():
     """The plan's SBUF bytes and PSUM banks bound what the interpreter measures at the
     benchmark's sequence length (one head, trace-only)."""
-    plan = fa.plan(
+    plan = fa_plan.plan(
         {"b": 1, "h": 1, "hkv": 1, "sq": 4096, "sk": 4096, "d": 128},
         "bfloat16",
         FWD.config.default(),
-        fa.TARGETS["trn2"],
+        TARGETS["trn2"],
     )
     run = _trace(512, 4096, False)
     peak = run.memory[0]
@@ -236,19 +244,19 @@ def test_plan_bounds_the_measured_peaks():
 
 
 def test_check_rejects_what_the_target_lacks():
-    with pytest.raises(fa.LimitError) as err:
+    with pytest.raises(LimitError) as err:
         FWD.check(
             FWD.test_problems["probe"],
             "float32",
-            fa.FlashAttentionConfig(load_transpose="dma"),
+            fa_plan.FlashAttentionConfig(load_transpose="dma"),
             "trn2",
         )
     assert err.value.arg == "config load_transpose"
-    with pytest.raises(fa.LimitError):
+    with pytest.raises(LimitError):
         FWD.check(
             FWD.test_problems["probe"],
             "bfloat16",
-            fa.FlashAttentionConfig(load_transpose="dma"),
+            fa_plan.FlashAttentionConfig(load_transpose="dma"),
             "trn1",
         )
 
@@ -263,8 +271,8 @@ def test_lse_layout_is_the_backwards():
 def test_check_rejects_a_config_over_the_psum_budget():
     """Online softmax: four query tiles in lockstep with the key-tile pipeline hold 2 banks
     each plus the transposes': more than the 8 banks, refused before any kernel runs."""
-    config = fa.FlashAttentionConfig(q_group=4, softmax="online")
-    with pytest.raises(fa.LimitError) as err:
+    config = fa_plan.FlashAttentionConfig(q_group=4, softmax="online")
+    with pytest.raises(LimitError) as err:
         FWD.check(FWD.test_problems["probe"], "bfloat16", config, "trn2")
     assert err.value.arg == "PSUM banks" and err.value.value == 10
 
@@ -275,7 +283,7 @@ def test_two_pass_transposes_p_by_dma_on_three_of_four_key_tiles():
     tile's 4 chunks on TensorE (64) beside the q^T and K^T load transposes (16 + 16); no
     running max or rescale (no scalar_tensor_tensor), and P V leaves PSUM once per query
     tile (16 ScalarE copies of [128, D] scaled by 1 / l)."""
-    run = _trace(2048, 2048, False, fa.FlashAttentionConfig(p_dma_tiles=3))
+    run = _trace(2048, 2048, False, fa_plan.FlashAttentionConfig(p_dma_tiles=3))
     counts = run.trace.count_by_api()
     assert counts["nisa.dma_transpose"] == 48
     assert counts["nisa.nc_transpose"] == 64 + 16 + 16

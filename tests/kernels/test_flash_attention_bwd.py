@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from neuron_kernels.errors import LimitError
 from neuron_kernels.kernels import flash_attention_bwd as fab
-from neuron_kernels.kernels.flash_attention import attention_reference
+from neuron_kernels.kernels.attention_contract import attention_reference
 from neuron_kernels.torch_ops import cpu_mode
 from neuron_kernels.verification import (
     assert_within_tolerance,

@@ -1,5 +1,5 @@
 """Sliding window, logit softcap and attention sinks in the flash attention forward and
-backward kernels (the contract in the docstring of ``kernels/flash_attention.py``).
+backward kernels (the contract in the docstring of ``kernels/attention_contract.py``).
 
 Forward out and lse, and backward dq, dk, dv (and dsinks), on the interpreter against the
 fp64 references, held to the tolerances the ops declare (``FWD_SPEC.tolerances``,
@@ -17,8 +17,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from neuron_kernels.kernels import attention_contract as attn_contract
 from neuron_kernels.kernels import flash_attention as fa
 from neuron_kernels.kernels import flash_attention_bwd as fab
+from neuron_kernels.kernels import flash_attention_bwd_kernel as fab_kernel
+from neuron_kernels.kernels import flash_attention_bwd_plan as fab_plan
+from neuron_kernels.kernels import flash_attention_plan as fa_plan
 from neuron_kernels.verification import assert_within_tolerance, interpreter_runner_for, run_kernel
 
 FWD, BWD = fa.FWD_SPEC, fab.SPEC
@@ -85,7 +89,7 @@ def test_window_forward_matches_fp64_reference(sq, sk, left, right, causal, soft
     """out and lse within the declared tolerance: both softmaxes, windows at the tile edges,
     wider than S, one side unbounded, with and without causal, Sq != Sk."""
     problem = _fwd_problem(sq, sk, causal, left, right)
-    _check_fwd(problem, dtype, seed, fa.FlashAttentionConfig(softmax=softmax))
+    _check_fwd(problem, dtype, seed, fa_plan.FlashAttentionConfig(softmax=softmax))
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -105,7 +109,7 @@ def test_window_backward_matches_fp64_reference(sq, sk, left, right, causal, dty
 
 def test_window_streamed_kv_blocks():
     """K/V streamed in blocks (Sk > kv_block): the window's blocks start at its first key."""
-    config = fa.FlashAttentionConfig(k_tile=128, kv_block=512)
+    config = fa_plan.FlashAttentionConfig(k_tile=128, kv_block=512)
     _check_fwd(_fwd_problem(300, 1100, True, 300, 0), "bfloat16", 1, config)
     _check_fwd(_fwd_problem(260, 1100, False, 129, 200), "float32", 2, config)
 
@@ -116,7 +120,7 @@ def test_window_gradients_match_autograd_of_the_reference():
     dout, q, k, v, *_ = args
     grads = run_kernel(BWD, args)[:3]
     leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
-    out, _ = fa.attention_reference(*leaves, True, None, (64, 5))
+    out, _ = attn_contract.attention_reference(*leaves, True, None, (64, 5))
     out.backward(dout.double())
     truth = [t.grad for t in leaves]
     assert_within_tolerance(grads, truth, BWD.tolerances["float32"], "[window autograd]")
@@ -165,7 +169,7 @@ def test_window_skips_masked_tiles_at_trace_time(softmax):
     no row sees issue nothing. Two passes: P V once per visible 128-key chunk (45, counted
     row by row); per query tile one 384-key span (its keys fit one 512-key tile) whose
     QK^T runs once per pass, plus per pass one bias matmul per 128-key chunk an edge
-    crosses (fa.EdgeBias: the left edge and the diagonal, the diagonal only for the first
+    crosses (attn_tiles.EdgeBias: the left edge and the diagonal, the diagonal only for the first
     two tiles): 6 per query tile, 4 for the first two. Online (key tiles of 512 from the
     group's first visible chunk): at most the causal count times the visible fraction of
     its keys (45 of 136 chunks) plus one 512-key tile's slack per query tile pair and the
@@ -175,7 +179,7 @@ def test_window_skips_masked_tiles_at_trace_time(softmax):
     for left in (256, -1):
         problem = _fwd_problem(2048, 2048, True, left, 0, h=1, d=64)
         args = FWD.make_inputs(problem, "bfloat16", torch.Generator())
-        config = fa.FlashAttentionConfig(k_tile=512, softmax=softmax)
+        config = fa_plan.FlashAttentionConfig(k_tile=512, softmax=softmax)
         counts[left] = _trace(FWD, args, config)["nisa.nc_matmul"]
     chunks = _visible_tiles(2048, 256, 128, 128, 128)
     assert chunks == 45
@@ -187,7 +191,7 @@ def test_window_skips_masked_tiles_at_trace_time(softmax):
 
 @pytest.mark.parametrize("softmax", ["two_pass", "online"])
 def test_window_edges_are_masked_in_psum(softmax):
-    """A causal window's edges are a bias matmul in PSUM (fa.EdgeBias), not a GpSimd pass
+    """A causal window's edges are a bias matmul in PSUM (attn_tiles.EdgeBias), not a GpSimd pass
     per tile: at Sq = Sk = 2048 with a window of 256 (16 query tiles, each crossed by two
     edges) the forward issues only the affine_selects that build the identity and the
     bias tiles, one per distinct edge offset pair (2 here: the diagonal's, the left
@@ -198,7 +202,7 @@ def test_window_edges_are_masked_in_psum(softmax):
     problem = _fwd_problem(2048, 2048, True, 256, 0, h=1, d=64)
     args = FWD.make_inputs(problem, "bfloat16", torch.Generator())
     kv_block = 512 if softmax == "online" else 8192
-    config = fa.FlashAttentionConfig(k_tile=512, softmax=softmax, kv_block=kv_block)
+    config = fa_plan.FlashAttentionConfig(k_tile=512, softmax=softmax, kv_block=kv_block)
     counts = _trace(FWD, args, config)
     assert counts["nisa.affine_select"] == 1 + (2 if softmax == "two_pass" else 3), counts
     capped = _fwd_problem(2048, 2048, True, 256, 0, softcap=30.0, h=1, d=64)
@@ -241,7 +245,7 @@ def test_softcap_forward_matches_fp64_reference(
     """Softcaps small (1.0, 0.05: every score capped hard), typical (50, Gemma 2) and huge
     (1e6: tanh near identity), with and without a window, both softmaxes."""
     problem = _fwd_problem(sq, sk, causal, left, -1, softcap=softcap)
-    _check_fwd(problem, dtype, seed, fa.FlashAttentionConfig(softmax=softmax))
+    _check_fwd(problem, dtype, seed, fa_plan.FlashAttentionConfig(softmax=softmax))
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -276,7 +280,7 @@ def test_softcap_caps_the_scores_and_autograd_agrees():
     weight = torch.randn(got.shape, generator=g)
     (got * weight).sum().backward()
     ref_leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
-    ref = fa.attention_reference(*ref_leaves, True, None, (8, 0), 1.0)[0]
+    ref = attn_contract.attention_reference(*ref_leaves, True, None, (8, 0), 1.0)[0]
     (ref * weight.double()).sum().backward()
     for a, b in zip(leaves, ref_leaves):
         assert_within_tolerance(a.grad, b.grad, BWD.tolerances["float32"], "[softcap grads]")
@@ -298,7 +302,7 @@ def _with_sinks(args, at, values, spec):
         args[at] = torch.tensor([values[i % len(values)] for i in range(h)])
     if spec is BWD:
         q, k, v = args[1:4]
-        out, lse = fa.attention_reference(q, k, v, args[6], None, *args[8:11])
+        out, lse = attn_contract.attention_reference(q, k, v, args[6], None, *args[8:11])
         args[4], args[5] = out.to(q.dtype), lse.float()
     return tuple(args)
 
@@ -323,7 +327,7 @@ def test_sinks_forward_matches_fp64_reference(
     problem = _fwd_problem(sq, sk, causal, left, -1, softcap=softcap, sinks=True)
     args = FWD.make_inputs(problem, dtype, torch.Generator().manual_seed(seed))
     args = _with_sinks(args, 7, None if sink is None else (sink, 0.5), FWD)
-    out = run_kernel(FWD, args, fa.FlashAttentionConfig(softmax=softmax))
+    out = run_kernel(FWD, args, fa_plan.FlashAttentionConfig(softmax=softmax))
     ref = FWD.reference(*args, upcast=True)
     assert_within_tolerance(out, ref, FWD.tolerances[dtype], f"[{problem} {sink} {softmax}]")
 
@@ -394,7 +398,9 @@ def test_autograd_through_the_op_gives_the_references_dsinks(dtype):
     (out.float() * weight).sum().backward()
     assert leaves[3].grad.dtype == t and leaves[3].grad.shape == (4,)
     ref_leaves = [x.detach().double().requires_grad_(True) for x in (q, k, v, sinks)]
-    ref = fa.attention_reference(*ref_leaves[:3], True, None, (100, 0), 20.0, ref_leaves[3])[0]
+    ref = attn_contract.attention_reference(
+        *ref_leaves[:3], True, None, (100, 0), 20.0, ref_leaves[3]
+    )[0]
     (ref * weight.double()).sum().backward()
     # The forward's out is rounded to the dtype before the backward reads it (its D): the
     # backward's declared tolerance covers that (it is the contract suite's autograd bar).
@@ -405,7 +411,7 @@ def test_autograd_through_the_op_gives_the_references_dsinks(dtype):
 def test_wide_window_tiles_split_on_both_edges():
     """k_tile=512 and a window (700, 300) at Sq = Sk = 1100: key tiles split into masked and
     raw runs at both edges (up to 4 extra spans per query tile, within the plan's lead)."""
-    config = fa.FlashAttentionConfig(k_tile=512, softmax="two_pass")
+    config = fa_plan.FlashAttentionConfig(k_tile=512, softmax="two_pass")
     _check_fwd(_fwd_problem(1100, 1100, False, 700, 300, h=1), "float32", 3, config)
     _check_fwd(_fwd_problem(1100, 1100, False, 700, 300, 20.0, h=1), "bfloat16", 4, config)
 
@@ -435,7 +441,7 @@ def test_backward_plan_bounds_the_measured_peaks_of_the_tanh_form():
     """Above SOFTPLUS_SOFTCAP_MAX (bf16 1024) the backward holds a burst of t tiles
     (SOFTCAP_TANH_BURST, kernels/flash_attention_bwd.py): with a window and sinks the plan's
     SBUF bytes and PSUM banks still bound what the interpreter measures (trace-only)."""
-    softcap = fab.SOFTPLUS_SOFTCAP_MAX["bfloat16"] * 2
+    softcap = fab_plan.SOFTPLUS_SOFTCAP_MAX["bfloat16"] * 2
     problem = {**_bwd_problem(1024, 1024, True, 300, -1, softcap, True, d=128), "groups": 2}
     args = BWD.make_inputs(problem, "bfloat16", torch.Generator())
     runs = []
@@ -452,12 +458,12 @@ def test_backward_plan_bounds_the_measured_peaks_of_the_tanh_form():
 
 @pytest.mark.parametrize("steps", [6, 12])
 def test_softcap_backward_at_every_pipeline_depth(steps, monkeypatch):
-    """The backward's softcap stage 1 spans 6 loop steps (kernels/flash_attention_bwd.py
+    """The backward's softcap stage 1 spans 6 loop steps (kernels/flash_attention_bwd_kernel.py
     _softcap_steps: dS 6 steps after S), so stages 2 and 3 trail it by SOFTCAP_STEPS more:
     at the least (6) and the default depth the gradients agree with the reference within the
     declared tolerance, over several key blocks and passes (tile_k 64)."""
     spec = fab.SPEC
-    monkeypatch.setattr(fab, "SOFTCAP_STEPS", steps)
+    monkeypatch.setattr(fab_plan, "SOFTCAP_STEPS", steps)  # read by the plan (the lags)
     problem = _bwd_problem(600, 700, True, 300, -1, softcap=20.0)
     args = spec.make_inputs(problem, "float32", torch.Generator().manual_seed(8))
     grads = fab.run_kernels(*args, config=spec.config(tile_k=64, q_block=4), runner=_interp())
@@ -471,12 +477,14 @@ def test_softcap_backward_softplus_form_at_its_largest_softcap():
     (deep in tanh's bend), fp32 gradients stay within the declared fp32 tolerance; just above
     it the tanh form does too."""
     spec = fab.SPEC
-    top = fab.SOFTPLUS_SOFTCAP_MAX["float32"]
+    top = fab_plan.SOFTPLUS_SOFTCAP_MAX["float32"]
     for softcap in (top, top + 1):
         problem = _bwd_problem(200, 300, True, -1, -1, softcap=softcap)
         args = list(spec.make_inputs(problem, "float32", torch.Generator().manual_seed(3)))
         args[1] = args[1] * 8
-        out, lse = fa.attention_reference(*args[1:4], True, None, None, softcap, None, upcast=True)
+        out, lse = attn_contract.attention_reference(
+            *args[1:4], True, None, None, softcap, None, upcast=True
+        )
         args[4], args[5] = out.float(), lse.float()
         grads = fab.run_kernels(*args, config=spec.config.default(), runner=_interp())
         tol = spec.tolerances["float32"]
@@ -488,13 +496,14 @@ def test_softcap_backward_softplus_form_at_its_largest_softcap():
 def test_softcap_backward_tanh_form_at_every_burst(burst, loop_order, monkeypatch):
     """Above SOFTPLUS_SOFTCAP_MAX the backward makes t = tanh(y) in bursts of up to
     SOFTCAP_TANH_BURST pairs, under kv_outer within one key block (kernels/
-    flash_attention_bwd.py _softcap_steps): per pair (1), in bursts that end mid-block (5)
+    flash_attention_bwd_kernel.py _softcap_steps): per pair (1), in bursts that end mid-block (5)
     and a whole block's (64), under both loop orders, the fp32 gradients agree with the
     reference within the declared tolerance, over several key blocks and passes (tile_k
     64, a window)."""
     spec = fab.SPEC
-    monkeypatch.setattr(fab, "SOFTCAP_TANH_BURST", burst)
-    softcap = fab.SOFTPLUS_SOFTCAP_MAX["float32"] * 2
+    for module in (fab_plan, fab_kernel):  # the plan budgets the burst, the kernel runs it
+        monkeypatch.setattr(module, "SOFTCAP_TANH_BURST", burst)
+    softcap = fab_plan.SOFTPLUS_SOFTCAP_MAX["float32"] * 2
     problem = _bwd_problem(600, 700, True, 300, -1, softcap=softcap)
     args = spec.make_inputs(problem, "float32", torch.Generator().manual_seed(9))
     config = spec.config(tile_k=64, q_block=4, loop_order=loop_order)

@@ -1,5 +1,5 @@
 """``attn_mask`` and dropout in the flash attention forward and backward kernels (the
-contract in the docstring of ``kernels/flash_attention.py``: "attn_mask", "dropout").
+contract in the docstring of ``kernels/attention_contract.py``: "attn_mask", "dropout").
 
 Forward out and lse, and backward dq, dk, dv, on the interpreter against the fp64
 references with the same mask and the same dropout draw (the torch mirror
@@ -18,8 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuron_kernels.errors import LimitError
+from neuron_kernels.hardware import TARGETS
+from neuron_kernels.kernels import attention_contract as attn_contract
 from neuron_kernels.kernels import flash_attention as fa
 from neuron_kernels.kernels import flash_attention_bwd as fab
+from neuron_kernels.kernels import flash_attention_plan as fa_plan
 from neuron_kernels.torch_ops import cpu_mode
 from neuron_kernels.verification import InterpreterRunner, assert_within_tolerance, run_kernel
 
@@ -98,7 +101,7 @@ def test_mask_forward_matches_fp64_reference(draw, softmax, dtype, seed):
     and float with -inf, every broadcast shape, whole rows masked) and dropout draw,
     combined with causal and a window, GQA, Sq != Sk, both softmaxes."""
     args = _fwd_args(draw, dtype, seed)
-    out = run_kernel(FWD, args, fa.FlashAttentionConfig(softmax=softmax))
+    out = run_kernel(FWD, args, fa_plan.FlashAttentionConfig(softmax=softmax))
     ref = FWD.reference(*args, upcast=True)
     assert_within_tolerance(out, ref, FWD.tolerances[dtype], f"[{draw} {softmax} {dtype}]")
     assert not torch.isnan(out[0]).any() and not torch.isnan(out[1]).any()
@@ -111,7 +114,7 @@ def test_mask_backward_matches_fp64_reference(draw, dtype, seed):
     mask and the same (replayed) dropout draw."""
     fargs = _fwd_args(draw, dtype, seed)
     q = fargs[0]
-    out, lse = fa.attention_reference(*fargs, upcast=True)
+    out, lse = attn_contract.attention_reference(*fargs, upcast=True)
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(q.dtype)
     args = (dout, *fargs[:3], out.to(q.dtype), lse.float(), *fargs[3:])
     grads = run_kernel(BWD, args)
@@ -152,10 +155,10 @@ def test_dropout_bits_equal_the_mirror():
     v = torch.eye(sk).expand(b, 1, sk, d).contiguous()
     k = torch.randn(b, 1, sk, d)
     seed = torch.tensor([2**40 + 5, 17])
-    want = fa.dropout_keep(seed, p, b, h, sq, sk)
+    want = attn_contract.dropout_keep(seed, p, b, h, sq, sk)
     assert 0.6 < want.float().mean() < 0.8  # about 1 - p kept
     for softmax in ("two_pass", "online"):
-        config = fa.FlashAttentionConfig(softmax=softmax)
+        config = fa_plan.FlashAttentionConfig(softmax=softmax)
         out, _ = run_kernel(FWD, (q, k, v, False, None, None, 0.0, None, None, p, seed), config)
         torch.testing.assert_close(out * sk * (1 - p), want.float(), atol=1e-5, rtol=0)
 
@@ -270,7 +273,7 @@ def test_mask_and_dropout_combine_with_sinks_softcap_and_window(name):
     args = _combined(name, torch.Generator().manual_seed(5))
     ref = FWD.reference(*args, upcast=True)
     for softmax in ("two_pass", "online"):
-        out = run_kernel(FWD, args, fa.FlashAttentionConfig(softmax=softmax))
+        out = run_kernel(FWD, args, fa_plan.FlashAttentionConfig(softmax=softmax))
         assert_within_tolerance(out, ref, FWD.tolerances["float32"], f"[{name} {softmax}]")
         assert not torch.isnan(out[0]).any() and not torch.isnan(out[1]).any()
     sinks, mask = args[7], args[8]
@@ -281,7 +284,7 @@ def test_mask_and_dropout_combine_with_sinks_softcap_and_window(name):
             assert torch.equal(out[1][0, :, row], dead_lse)
     q = args[0]
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(6))
-    o, lse = fa.attention_reference(*args, upcast=True)
+    o, lse = attn_contract.attention_reference(*args, upcast=True)
     bargs = (dout, *args[:3], o.float(), lse.float(), *args[3:])
     grads = run_kernel(BWD, bargs)
     assert grads[3].shape == (0,) if sinks is None else grads[3].shape == sinks.shape
@@ -301,7 +304,7 @@ def test_varlen_plans_refuse_mask_and_dropout():
                                  ({"dropout_p": 0.1}, "dropout_p")):  # fmt: skip
                 problem = {**base, **varlen, **feature}
                 with pytest.raises(LimitError) as err:
-                    spec.plan(problem, "float32", spec.config.default(), fa.TARGETS["trn2"])
+                    spec.plan(problem, "float32", spec.config.default(), TARGETS["trn2"])
                 assert err.value.arg == arg and "varlen" in str(err.value)
         spec.plan({**base, "runtime_bounds": True, "packed": True}, "float32",
-                  spec.config.default(), fa.TARGETS["trn2"])  # fmt: skip
+                  spec.config.default(), TARGETS["trn2"])  # fmt: skip

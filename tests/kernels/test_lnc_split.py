@@ -30,6 +30,7 @@ from neuron_kernels.kernels import (
     matmul,
     rms_norm_bwd,
 )
+from neuron_kernels.kernels import flash_attention_plan as fa_plan
 from neuron_kernels.kernels.tiling import core_share, split_work, tiled
 from neuron_kernels.verification import assert_within_tolerance, copy_args, run_kernel
 
@@ -74,7 +75,7 @@ def test_causal_attention_with_one_group_balances_visible_keys():
     spec = flash_attention.FWD_SPEC
     config = spec.config.default()
     two = spec.check(problem, "bfloat16", config, "trn2", lnc=2)
-    tiles, costs = flash_attention.query_tiles(1, 2048, 2048, 128, True)
+    tiles, costs = fa_plan.query_tiles(1, 2048, 2048, 128, True)
     per_core = []
     for core in two.core_groups:
         assert [(b, kvh) for b, kvh, _ in core] == [(0, 0)]
