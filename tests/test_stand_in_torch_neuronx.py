@@ -221,8 +221,8 @@ nodes = [n for g in COMPILED_GRAPHS for n in g.graph.nodes if n.target is nki_ho
 labels = sorted(nki_hop.kernel_label(n.kwargs["kernel_idx"]) for n in nodes)
 assert labels == sorted(k for k, _ in launches) == sorted(k for k, _ in eager_launches), (labels, launches)
 assert {"matmul.matmul_kernel", "rms_norm.rms_norm_fwd_kernel",
-        "flash_attention.flash_attention_fwd_kernel", "rms_norm_bwd.rms_norm_bwd_kernel",
-        "flash_attention_bwd.flash_attention_bwd_kernel"} <= set(labels), labels
+        "flash_attention_kernel.flash_attention_fwd_kernel", "rms_norm_bwd.rms_norm_bwd_kernel",
+        "flash_attention_bwd_kernel.flash_attention_bwd_kernel"} <= set(labels), labels
 # The LNC grid reaches every launch, in the graph and at run time.
 assert {tuple(n.kwargs["grid"]) for n in nodes} == {(lnc,)}, [n.kwargs["grid"] for n in nodes]
 assert {g for _, g in launches + eager_launches} == {(lnc,)}
