@@ -34,6 +34,8 @@ def forward_to(shell: dict, implementation: str) -> tuple[Callable, Callable]:
         return module
 
     def __getattr__(name: str):
+        if name == "__all__":  # the implementation's public names
+            return shell.setdefault("__all__", list(load().__all__))
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(load(), name)

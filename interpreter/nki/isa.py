@@ -4,6 +4,4 @@ kernel reads one."""
 
 from neuron_kernels.interpreter.deferred import forward_to
 
-__all__: list[str] = []  # once loaded, every name of ._isa
-
 __getattr__, __dir__ = forward_to(globals(), "neuron_kernels.interpreter.nki._isa")

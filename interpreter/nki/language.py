@@ -5,9 +5,7 @@ other name comes from :mod:`._language` (dtypes, buffers, tensors, tile sizes, l
 ids, operators), which loads the interpreter the first time a kernel reads one.
 """
 
-from neuron_kernels.interpreter.classes import NKIObject
+from neuron_kernels.interpreter.classes import NKIObject  # noqa: F401  (bound at import)
 from neuron_kernels.interpreter.deferred import forward_to
-
-__all__ = ["NKIObject"]  # and, once loaded, every name of ._language
 
 __getattr__, __dir__ = forward_to(globals(), "neuron_kernels.interpreter.nki._language")
