@@ -120,7 +120,8 @@ from neuron_kernels.cost_model.params import params_for
 from neuron_kernels.cost_model.profiler import LaunchProfile, Profile
 from neuron_kernels.cost_model.schedule import model_trace
 from neuron_kernels.hardware import target_from_name
-from neuron_kernels.interpreter.execution import Kernel, run
+from neuron_kernels.interpreter.execution import run
+from neuron_kernels.interpreter.kernel import Kernel
 from neuron_kernels.kernels import REGISTRY
 
 TARGET = "trn2"

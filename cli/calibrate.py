@@ -90,7 +90,7 @@ def _positive(flag: str, value: int) -> int:
 
 
 def main(args) -> int:
-    from neuron_kernels.cli import calibration
+    from neuron_kernels.cli import calibration_files
     from neuron_kernels.cost_model.calibration import render_markdown
 
     def say(msg):
@@ -102,11 +102,13 @@ def main(args) -> int:
         return _measure(args, say)
     if args.fit:
         output_path("--out", args.out)
-        measurements = calibration.load_measurements(args.fit)
+        measurements = calibration_files.load_measurements(args.fit)
         names = [n.strip() for n in args.params.split(",") if n.strip()]
         if not names:
             raise UsageError("--params", repr(args.params), "must name at least one parameter")
-        report = calibration.fit(measurements, names, iterations=args.iterations, progress=say)
+        report = calibration_files.fit(
+            measurements, names, iterations=args.iterations, progress=say
+        )
         print(f"Fitted on {report['target']} to {len(report['rows'])} hardware measurement(s):")
         for n, v in report["overrides"].items():
             d = report["defaults"][n]
@@ -132,9 +134,9 @@ def main(args) -> int:
     if row_ids:
         if args.write:
             raise UsageError("--rows", args.rows, "--write stores every row; drop --rows")
-    table = calibration.build_table(row_ids, progress=say, jobs=args.jobs)
+    table = calibration_files.build_table(row_ids, progress=say, jobs=args.jobs)
     if args.write:
-        calibration.write_table(table)
+        calibration_files.write_table(table)
         print(render_markdown(table, stored=True))
         print("wrote perf_results/calibration/table.json and table.md", file=sys.stderr)
     else:
@@ -147,11 +149,11 @@ def main(args) -> int:
 
 def _row_ids(args) -> set | None:
     """The ``--rows`` asked for (None: all), refused unless every one is published."""
-    from neuron_kernels.cli import calibration
+    from neuron_kernels.cli import calibration_files
 
     row_ids = {r.strip() for r in args.rows.split(",") if r.strip()} or None
     if row_ids:
-        published = [r["id"] for r in calibration.load_published()["rows"]]
+        published = [r["id"] for r in calibration_files.load_published()["rows"]]
         unknown = sorted(row_ids - set(published))
         if unknown:
             raise UsageError(
@@ -164,7 +166,7 @@ def _measure(args, say) -> int:
     """``--measure``: the calibration kernels on this node's NeuronCores -> the file ``--fit`` reads."""
     from neuron_kernels.autotune.backends import BackendUnavailable
     from neuron_kernels.autotune.neff_backend import DEFAULT_TRIAL_DEADLINE_S, HardwareBackend
-    from neuron_kernels.cli import calibration
+    from neuron_kernels.cli import calibration_files
 
     output_path("--measure", args.measure)
     row_ids = _row_ids(args)
@@ -193,7 +195,7 @@ def _measure(args, say) -> int:
             "the calibration kernels run on one physical core: launch at LNC=1 "
             f"(NEURON_LOGICAL_NC_CONFIG=1; this node launches at LNC={backend.lnc})",
         )
-    doc, failures = calibration.measure_on_hardware(backend, row_ids, shape, progress=say)
+    doc, failures = calibration_files.measure_on_hardware(backend, row_ids, shape, progress=say)
     if doc["rows"]:
         with open(args.measure, "w") as f:
             json.dump(doc, f, indent=2)

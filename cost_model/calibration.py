@@ -9,7 +9,7 @@
   for ``profile``.
 
 Tracing the calibration kernels and reading the files (``perf_results/calibration``, a
-user's measurements) is :mod:`neuron_kernels.cli.calibration`'s: this module sees traces and
+user's measurements) is :mod:`neuron_kernels.cli.calibration_files`'s: this module sees traces and
 documents only (it imports the interpreter and the hardware table, nothing above them).
 Modeled numbers are labelled "modeled"; published/measured ones "published hardware".
 """

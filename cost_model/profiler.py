@@ -29,7 +29,8 @@ from neuron_kernels.cost_model.schedule import (
     model_trace,
 )
 from neuron_kernels.hardware import Target, target_from_name, usable_psum_banks
-from neuron_kernels.interpreter.execution import Kernel, Run, run
+from neuron_kernels.interpreter.execution import Run, run
+from neuron_kernels.interpreter.kernel import Kernel
 
 __all__ = ["dma_floor_ns", "profile", "Profiler", "Profile", "LaunchProfile"]
 

@@ -142,16 +142,19 @@ def problem(
 
 
 def shape_bucket(problem: dict) -> str:
-    """Each size rounded up to a power of two (at least 128) and causal, as every op's
-    default bucket, then the forward's :func:`feature_suffix` (empty for plain attention,
-    so its buckets stay as they were)."""
+    """As the forward's: B, Sq and Sk rounded up to powers of two (Sq, Sk at least 128),
+    exact Hkv, groups and D (they fix the kernel's loops), causal, then
+    :func:`feature_suffix`. (Hkv and groups used to be rounded up to 128 too, so every
+    head count shared one bucket.)"""
 
-    def pow2(x: int) -> int:
-        return max(128, 1 << (max(1, x) - 1).bit_length())
+    def pow2(x: int, floor: int = 1) -> int:
+        return max(floor, 1 << (max(1, x) - 1).bit_length())
 
-    dims = ("b", "hkv", "groups", "sq", "sk", "d")
-    base = "_".join(f"{dim}{pow2(problem[dim])}" for dim in dims)
-    return f"{base}_causal{str(bool(problem.get('causal'))).lower()}" + feature_suffix(problem)
+    return (
+        f"b{pow2(problem['b'], 128)}_hkv{problem['hkv']}_groups{problem['groups']}"
+        f"_sq{pow2(problem['sq'], 128)}_sk{pow2(problem['sk'], 128)}_d{problem['d']}"
+        f"_causal{str(bool(problem.get('causal'))).lower()}" + feature_suffix(problem)
+    )
 
 
 def reference(

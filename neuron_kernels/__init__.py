@@ -3,7 +3,8 @@
 ``import neuron_kernels`` registers every op as ``torch.ops.neuron.<op>`` (through
 :mod:`neuron_kernels.torch_ops`, :func:`register_ops`). Kernels get NKI from
 :mod:`neuron_kernels.backend`; the cost model, the tuner and the CLIs are loaded only by
-what uses them.
+what uses them, and the interpreter (when it is the NKI) at a kernel's first launch: the
+kernel modules bind only its ``nki.jit`` and ``nl.NKIObject`` when they load.
 
 The ``neuron-kernels`` command starts without the ops: ``--version`` and ``--help`` load
 neither torch nor a kernel, and a subcommand registers them (:func:`register_ops`) once its

@@ -6,6 +6,10 @@ Kernels import NKI only from here::
 
 ``NEURON_KERNELS_NKI=auto|interpreter|nki`` forces the choice (read at import). Asking for
 ``nki`` where it is not installed is an error, never a silent fallback.
+
+The choice is made at import; with the interpreter, its ``nki.language`` and ``nki.isa`` are
+shells that load the interpreter at the first name a kernel reads (a launch): importing the
+kernel modules binds only ``nki.jit`` and ``nl.NKIObject`` (interpreter/deferred.py).
 """
 
 from __future__ import annotations

@@ -371,6 +371,12 @@ def _decide(previous: dict | None, entry: dict, replace: bool) -> tuple[str, str
     comparable = all(previous.get(f) == entry.get(f) for f in COMPARABLE_FIELDS)
     if not comparable:
         return "new", "replaced the stored entry, tuned on another kernel or cost model"
+    if previous.get("shape", entry.get("shape")) != entry.get("shape", previous.get("shape")):
+        return "existing", (
+            f"kept the stored entry, tuned at {previous['shape']} ({old} {unit}): this run's "
+            f"shape {entry['shape']} ({new}) falls in the same bucket, and latencies of two "
+            "shapes are not compared (--replace stores this run's)"
+        )
     if new_us is None or old_us is None:
         return "new", "replaced the stored entry (a latency is missing, so none to compare)"
     if new_us < old_us:
@@ -395,7 +401,9 @@ def merge_entry(
 
     For the same key and source (:data:`MERGE_KEY`), the faster of the stored and the new
     entry stays (a short run never loses a long run's better result), unless ``replace``
-    or the stored entry was tuned on another kernel or cost model; the returned
+    or the stored entry was tuned on another kernel or cost model; an entry tuned at
+    another shape of the same bucket stays too (two shapes' latencies say nothing about
+    which config is better), unless ``replace``; the returned
     :class:`Merge` says which was kept.
 
     The read-merge-write holds an exclusive ``flock`` on the target's folder (concurrent

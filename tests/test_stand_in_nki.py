@@ -55,7 +55,7 @@ NODE_SCRIPT = textwrap.dedent(
     from neuron_kernels import backend
     from neuron_kernels.kernels import matmul
     from neuron_kernels.verification import run_kernel
-    from neuron_kernels.cli import calibration
+    from neuron_kernels.cli import calibration_files
 
     assert backend.name == "nki" and matmul.nl is nki.language, (backend.name, matmul.nl)
 
@@ -66,8 +66,8 @@ NODE_SCRIPT = textwrap.dedent(
     torch.testing.assert_close(out, spec.reference(a, b).to(out.dtype), atol=1e-4, rtol=1e-5)
 
     # The calibration kernels, traced at a small shape.
-    row = next(r for r in calibration.load_published()["rows"] if r["id"] == "A1-block-all")
-    traced = calibration.trace_row(row, {"K": 1024, "M": 512, "N": 1024})
+    row = next(r for r in calibration_files.load_published()["rows"] if r["id"] == "A1-block-all")
+    traced = calibration_files.trace_row(row, {"K": 1024, "M": 512, "N": 1024})
     assert len(traced.trace) > 0
 
     # Nothing reached the stand-in, and the kernels' modules are bound to it again.

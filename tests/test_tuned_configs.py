@@ -203,6 +203,27 @@ def test_a_merge_keeps_the_faster_entry_and_says_so(tmp_path):
     assert stored["metric"]["latency_us"] == 9.0
 
 
+def test_another_shape_of_the_same_bucket_is_not_compared(tmp_path):
+    """Two shapes in one bucket have latencies of two problems: the faster number says
+    nothing about the better config, so the stored entry stays and the message says why
+    (it used to say the other shape's run was "not faster" than a smaller problem)."""
+    tuned_configs.write_entry(SPEC, _entry(shape="1024x1024x1024", trials=4), "trn2", tmp_path)
+    merge = tuned_configs.merge_entry(
+        SPEC,
+        _entry(shape="1000x1000x1000", metric={"latency_us": 0.5}),
+        "trn2",
+        tmp_path,
+    )
+    assert merge.kept == "existing" and "same bucket" in merge.why, merge.why
+    assert "1024x1024x1024" in merge.why and "1000x1000x1000" in merge.why
+    (stored,) = tuned_configs.load_entries(merge.path, "matmul", "trn2")
+    assert stored["shape"] == "1024x1024x1024"
+    merge = tuned_configs.merge_entry(
+        SPEC, _entry(shape="1000x1000x1000"), "trn2", tmp_path, replace=True
+    )
+    assert merge.kept == "new"
+
+
 def test_replace_stores_a_slower_entry_and_another_kernel_is_not_compared(tmp_path):
     tuned_configs.write_entry(SPEC, _entry(metric={"latency_us": 1.0}), "trn2", tmp_path)
     merge = tuned_configs.merge_entry(

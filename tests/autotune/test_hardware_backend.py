@@ -456,7 +456,7 @@ def test_measure_worker_runs_in_an_environment_without_neuron_kernels(tmp_path):
 
 
 def test_calibrate_measure_writes_the_file_fit_reads(node, tmp_path, capsys, monkeypatch):
-    from neuron_kernels.cli import calibration, main
+    from neuron_kernels.cli import calibration_files, main
 
     out = tmp_path / "mine.json"
     # at the node's default LNC=2 the single-core tutorial kernels would race: refused first
@@ -480,7 +480,7 @@ def test_calibrate_measure_writes_the_file_fit_reads(node, tmp_path, capsys, mon
     )
     printed = capsys.readouterr().out
     assert code == 0, printed
-    doc = calibration.load_measurements(out, "--fit")  # what --fit reads, checked row by row
+    doc = calibration_files.load_measurements(out, "--fit")  # what --fit reads, checked row by row
     (row,) = doc["rows"]
     assert doc["target"] == "trn2" and doc["instance_type"] == "trn2.48xlarge" and doc["lnc"] == 1
     assert row["id"] == "A1-tiled" and row["shapes"] == [[256, 128], [256, 512]]

@@ -20,7 +20,7 @@ import pytest
 
 from neuron_kernels.interpreter import nki, run
 from neuron_kernels.interpreter.errors import NkiValidationError
-from neuron_kernels.interpreter.execution import Kernel
+from neuron_kernels.interpreter.kernel import Kernel
 from neuron_kernels.interpreter.python_subset import ACCEPTED, GUIDE, REFUSED, violations
 from neuron_kernels.interpreter.unimplemented import readme_section
 from neuron_kernels.kernels import REGISTRY

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from neuron_kernels.cli import calibration
+from neuron_kernels.cli import calibration_files
 from neuron_kernels.cost_model.calibration import check_orderings, model_row, modeled_ms
 from neuron_kernels.cost_model.params import params_for
 from neuron_kernels.perf_results.calibration import TABLE_JSON
@@ -37,7 +37,7 @@ def rows_outside_bound(table: dict) -> list[str]:
 
 
 def test_table_covers_every_published_row_with_the_fixed_bound(table):
-    published = calibration.load_published()
+    published = calibration_files.load_published()
     assert table["bound_pct"] == published["bound_pct"] == 15
     assert [r["id"] for r in table["rows"]] == [r["id"] for r in published["rows"]]
     for stored, pub in zip(table["rows"], published["rows"]):
@@ -57,7 +57,7 @@ def test_the_bound_check_fails_on_a_row_outside_it(table):
 
 
 def test_published_orderings_hold(table):
-    published = calibration.load_published()
+    published = calibration_files.load_published()
     assert {o["id"] for o in table["orderings"]} == {o["id"] for o in published["orderings"]}
     modeled = {r["id"]: r["modeled"] for r in table["rows"]}
     rechecked = check_orderings(modeled, published["orderings"])
@@ -66,7 +66,7 @@ def test_published_orderings_hold(table):
 
 
 def test_table_is_not_stale(table):
-    assert table["model_fingerprint"] == calibration.model_fingerprint(), (
+    assert table["model_fingerprint"] == calibration_files.model_fingerprint(), (
         "the cost model or its parameters changed since the table was written: "
         "run `neuron-kernels calibrate --write` and review perf_results/calibration/table.md"
     )
@@ -74,8 +74,10 @@ def test_table_is_not_stale(table):
 
 def test_one_row_rederived_matches_the_table(table):
     """Re-run the cheapest full-size row (trace only) and compare with the stored numbers."""
-    row = next(r for r in calibration.load_published()["rows"] if r["id"] == "A5-v5-block-all")
-    fresh = model_row(row, calibration.trace_row(row))
+    row = next(
+        r for r in calibration_files.load_published()["rows"] if r["id"] == "A5-v5-block-all"
+    )
+    fresh = model_row(row, calibration_files.trace_row(row))
     stored = next(r for r in table["rows"] if r["id"] == row["id"])["modeled"]
     assert fresh["latency_ms"] == pytest.approx(stored["latency_ms"], rel=1e-9)
     assert fresh["instructions"] == stored["instructions"]
@@ -91,8 +93,10 @@ def test_fit_recovers_a_known_parameter(tmp_path):
     ]
     truth = params_for("trn2").replace(dma_transfer_ns=400.0)
     for row in rows:
-        traced, tgt = calibration._trace_measurement(row, "trn2")
+        traced, tgt = calibration_files._trace_measurement(row, "trn2")
         row["measured_ms"] = modeled_ms(traced, tgt, truth)
-    report = calibration.fit({"target": "trn2", "rows": rows}, ["dma_transfer_ns"], iterations=60)
+    report = calibration_files.fit(
+        {"target": "trn2", "rows": rows}, ["dma_transfer_ns"], iterations=60
+    )
     assert report["overrides"]["dma_transfer_ns"] == pytest.approx(400.0, rel=0.05)
     assert report["rms_log_error"]["after"] < 0.1 * report["rms_log_error"]["before"]
