@@ -14,10 +14,10 @@ __all__ = ["REGISTRY", "OpSpec", "Tolerance", "TunableConfig", "get_spec", "regi
 
 # The op registry: one line per kernel module.
 from neuron_kernels.kernels import (
-    adamw,  # noqa: E402,F401
     flash_attention,  # noqa: E402,F401
     flash_attention_bwd,  # noqa: E402,F401
     flash_attention_varlen,  # noqa: E402,F401
+    fused_adamw,  # noqa: E402,F401
     matmul,  # noqa: E402,F401
     rms_norm,  # noqa: E402,F401
     rms_norm_bwd,  # noqa: E402,F401

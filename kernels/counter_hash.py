@@ -3,7 +3,7 @@
 No RNG instruction: a kernel hashes a counter (an element's index) xor a per-call key with
 int32 multiplies (GpSimdE's exact wrapping integer arithmetic), xors and logical shifts
 (VectorE), so the interpreter, the hardware and the torch mirror (:func:`hash32`) draw the
-same bits. Used by the fused AdamW step's stochastic rounding (``kernels/adamw.py``,
+same bits. Used by the fused AdamW step's stochastic rounding (``kernels/fused_adamw.py``,
 ``_step_round``: 16 bits per element) and by flash attention's dropout
 (``kernels/attention_tiles.py``, ``dropout_stage``: 16 bits per score).
 

@@ -409,7 +409,7 @@ import neuron_kernels
 import cpu_plays_neuron  # noqa: F401
 from torch_neuronx import nki_hop
 from torch_neuronx.neuron_dynamo_backend.backend import COMPILED_GRAPHS
-from neuron_kernels.kernels import adamw
+from neuron_kernels.kernels import fused_adamw
 from neuron_kernels.torch_ops.optim import FusedAdamW
 
 torch.manual_seed(0)
@@ -437,7 +437,7 @@ print("wrappers", len(wrappers), "launches", len(nki_hop.LAUNCHES))
 print("copied back", len({n.args[0].name for n in copies if n.args[0].name in names}))
 changed = [not torch.equal(p, b) for p, b in zip(params, before)]
 assert all(changed), "the compiled step left the parameters unchanged"
-tol = adamw.SPEC.tolerances["float32"]
+tol = fused_adamw.SPEC.tolerances["float32"]
 for p, q in zip(params, eager_params):
     torch.testing.assert_close(p.detach(), q.detach(), rtol=tol.rtol, atol=tol.atol)
 for p in params:

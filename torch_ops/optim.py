@@ -28,7 +28,7 @@ from collections import defaultdict
 import torch
 
 from neuron_kernels.errors import LimitError
-from neuron_kernels.kernels import adamw
+from neuron_kernels.kernels import fused_adamw
 
 __all__ = ["FusedAdamW"]
 
@@ -272,7 +272,7 @@ class FusedAdamW(torch.optim.Optimizer):
                 b["max_exp_avg_sqs"], b["state_steps"],
             )  # fmt: skip
             try:
-                adamw.validate(*lists, *kwargs.values())
+                fused_adamw.validate(*lists, *kwargs.values())
             except LimitError as exc:
                 raise _in_user_terms(exc, b["where"]) from None
             calls.append((b, lists, kwargs))

@@ -24,9 +24,9 @@ from neuron_kernels.errors import LimitError
 from neuron_kernels.interpreter import NkiValidationError
 from neuron_kernels.kernels import (
     REGISTRY,
-    adamw,
     flash_attention,
     flash_attention_bwd,
+    fused_adamw,
     matmul,
     rms_norm_bwd,
 )
@@ -174,8 +174,8 @@ def _unsplit(module, spec, field, monkeypatch):
 
 @pytest.mark.parametrize(
     "module,field",
-    [(adamw, "core_waves"), (rms_norm_bwd, "core_tiles"), (matmul, "core_blocks")],
-    ids=["adamw", "rms_norm_bwd", "matmul"],
+    [(fused_adamw, "core_waves"), (rms_norm_bwd, "core_tiles"), (matmul, "core_blocks")],
+    ids=["fused_adamw", "rms_norm_bwd", "matmul"],
 )
 def test_an_unsplit_lnc2_launch_is_refused_as_a_race(module, field, monkeypatch):
     """Both cores doing all the work write the same HBM bytes with no barrier between: the
@@ -190,12 +190,12 @@ def test_an_unsplit_lnc2_launch_is_refused_as_a_race(module, field, monkeypatch)
         run_kernel(module.SPEC, copy_args(args), target="trn2", lnc=2)
 
 
-def test_the_work_of_an_unsplit_adamw_fails_the_output_check():
+def test_the_work_of_an_unsplit_fused_adamw_fails_the_output_check():
     """What two unsplit cores would do to AdamW's state, the whole update applied twice
     (in sequence: the race check refuses it at [2]), fails the output check, which the
     split launch passes: the check can see a doubled share where the work is not
     idempotent."""
-    spec = adamw.SPEC
+    spec = fused_adamw.SPEC
     args = spec.make_inputs(
         spec.test_problems["probe"], "float32", torch.Generator().manual_seed(5)
     )

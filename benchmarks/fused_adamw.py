@@ -1,6 +1,6 @@
 """Fused AdamW step, modeled on trn2: latency next to the DMA floor of its minimum traffic.
 
-    python benchmarks/adamw.py [--target trn2] [--all-configs] [--layers 1]
+    python benchmarks/fused_adamw.py [--target trn2] [--all-configs] [--layers 1]
 
 The parameters are one Llama-3-8B decoder layer's attention (q, k, v, o: 4096x4096,
 1024x4096, 1024x4096, 4096x4096), its MLP gate projection (14336x4096) and the layer's
@@ -22,7 +22,7 @@ import torch
 
 from neuron_kernels.cost_model.profiler import Profiler, dma_floor_ns
 from neuron_kernels.hardware import launch_lnc
-from neuron_kernels.kernels import adamw
+from neuron_kernels.kernels import fused_adamw
 
 LLAMA3_8B_LAYER = {
     "q_proj": (4096, 4096),
@@ -61,7 +61,7 @@ def measure(
     profiler = Profiler(target=target, compute=False)
     profiler.lnc = lnc  # the LNC the op's run_kernels launches at (spec.runner_lnc)
     args = _inputs(shapes, dtype, amsgrad, rounding)
-    adamw.SPEC.run_kernels(*args, config=config, runner=profiler)
+    fused_adamw.SPEC.run_kernels(*args, config=config, runner=profiler)
     report = profiler.report()
     n = sum(p.numel() for p in args[0])
     per_element = BYTES_PER_ELEMENT[dtype] + (8 if amsgrad else 0)
@@ -102,7 +102,7 @@ def _line(config, r) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="trn2")
-    parser.add_argument("--dtype", default="float32", choices=adamw.PARAM_DTYPES)
+    parser.add_argument("--dtype", default="float32", choices=fused_adamw.PARAM_DTYPES)
     parser.add_argument("--amsgrad", action="store_true")
     parser.add_argument(
         "--stochastic-rounding", action="store_true", help="bf16: seeded stochastic rounding"
@@ -119,9 +119,9 @@ def main(argv=None) -> int:
     lnc = args.lnc if args.lnc is not None else launch_lnc(args.target)
 
     shapes = list(LLAMA3_8B_LAYER.values()) * args.layers
-    configs = [adamw.AdamwConfig.default()]
+    configs = [fused_adamw.FusedAdamwConfig.default()]
     if args.all_configs:
-        configs = list(adamw.AdamwConfig.all_configs())
+        configs = list(fused_adamw.FusedAdamwConfig.all_configs())
     n = sum(torch.Size(s).numel() for s in shapes)
     print(
         f"fused AdamW, one step of {n:,} {args.dtype} params (Llama-3-8B layer mix), "
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
         problem = {"tensors": len(shapes), "numel": max(torch.Size(s).numel() for s in shapes)}
         problem["amsgrad"] = args.amsgrad
         problem["rounding"] = args.stochastic_rounding
-        if not adamw.SPEC.is_valid(problem, args.dtype, config, args.target, lnc):
+        if not fused_adamw.SPEC.is_valid(problem, args.dtype, config, args.target, lnc):
             continue
         t0 = time.perf_counter()
         r = measure(

@@ -12,13 +12,15 @@ from hypothesis import strategies as st
 import neuron_kernels  # noqa: F401  (registers torch.ops.neuron.fused_adamw_)
 from neuron_kernels.errors import LimitError
 from neuron_kernels.hardware import TARGETS
-from neuron_kernels.kernels import adamw
+from neuron_kernels.kernels import fused_adamw
 from neuron_kernels.kernels.spec import measure_generator
 from neuron_kernels.torch_ops import cpu_mode, routing
 from neuron_kernels.verification import assert_within_tolerance, run_kernel
 
-SPEC = adamw.SPEC
-SMALL_TILES = adamw.AdamwConfig(tile_free=512, in_flight=2)  # 65,536-element chunks: fast
+SPEC = fused_adamw.SPEC
+SMALL_TILES = fused_adamw.FusedAdamwConfig(
+    tile_free=512, in_flight=2
+)  # 65,536-element chunks: fast
 MUTATED = (0, 2, 3, 4)  # params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs
 
 
@@ -78,9 +80,9 @@ def test_launches_cover_each_tensor_exactly_once(sizes, tile, per_launch):
     """A tensor of a full chunk or more gets a zero-copy launch of its whole rows; the rest
     is packed, at most ``tensors_per_launch`` segments a launch, each padded to whole rows
     of a width that pads at most 1/8 more (or 1), rows back to back."""
-    config = adamw.AdamwConfig(tile_free=tile, tensors_per_launch=per_launch)
+    config = fused_adamw.FusedAdamwConfig(tile_free=tile, tensors_per_launch=per_launch)
     covered = [[] for _ in sizes]
-    for launch in adamw.launches(sizes, config, 128):
+    for launch in fused_adamw.launches(sizes, config, 128):
         if not launch.packed:
             (s,) = launch.segments
             assert s.start == 0 and s.row0 == 0 and launch.cols == tile
@@ -106,8 +108,8 @@ def test_launches_cover_each_tensor_exactly_once(sizes, tile, per_launch):
 
 def test_small_tensors_share_full_tiles():
     """64 tensors of 300 elements: one packed launch of 64-wide rows (5 per tensor) in
-    three chunks, not 64 tensors' tiles and tails (modeled 18.9 vs 317.5 us, kernels/adamw.py)."""
-    (launch,) = adamw.launches([300] * 64, SPEC.config.default(), 128)
+    three chunks, not 64 tensors' tiles and tails (modeled 18.9 vs 317.5 us, kernels/fused_adamw.py)."""
+    (launch,) = fused_adamw.launches([300] * 64, SPEC.config.default(), 128)
     assert launch.packed and launch.cols == 64 and launch.rows == 64 * 5
     tiles = SPEC.check(
         {"tensors": 64, "numel": 300, "rows": launch.rows, "cols": launch.cols},
@@ -117,7 +119,7 @@ def test_small_tensors_share_full_tiles():
 
 
 def test_waves_hold_in_flight_chunks_in_order():
-    config = adamw.AdamwConfig(tile_free=512, in_flight=3)
+    config = fused_adamw.FusedAdamwConfig(tile_free=512, in_flight=3)
     plan = SPEC.check(
         {"tensors": 1, "numel": 1, "rows": 3 * 128 + 5, "cols": 512}, "float32", config, "trn2"
     )
@@ -128,7 +130,7 @@ def test_lnc2_splits_chunks_by_elements_each_core_in_order():
     """At LNC=2 the two full chunks go one to each core, then the 5-row remainder to the
     first of the equally loaded cores (largest item first to the least loaded core); each
     core keeps the LNC=1 order, and together the cores cover every chunk exactly once."""
-    config = adamw.AdamwConfig(tile_free=512, in_flight=3)
+    config = fused_adamw.FusedAdamwConfig(tile_free=512, in_flight=3)
     problem = {"tensors": 1, "numel": 1, "rows": 2 * 128 + 5, "cols": 512}
     one = SPEC.check(problem, "float32", config, "trn2")
     two = SPEC.check(problem, "float32", config, "trn2", lnc=2)
@@ -173,13 +175,13 @@ def test_the_kernel_writes_no_operand_and_a_large_tensor_is_not_copied_in():
 
 def test_budget_binds_at_large_tiles():
     """4096-wide tiles with 4 chunks in flight cannot fit; the default fits on every target."""
-    big = adamw.AdamwConfig(tile_free=4096, in_flight=4)
+    big = fused_adamw.FusedAdamwConfig(tile_free=4096, in_flight=4)
     problem = SPEC.test_problems["large"]
     with pytest.raises(LimitError) as err:
         SPEC.check(problem, "float32", big, "trn2")
     assert err.value.arg == "SBUF bytes per partition"
     for target in TARGETS:  # the default runs every flag combination on every target
-        for dtype in adamw.PARAM_DTYPES:
+        for dtype in fused_adamw.PARAM_DTYPES:
             for amsgrad in (False, True):
                 for rounding in {False, dtype == "bfloat16"}:
                     flags = dict(amsgrad=amsgrad, rounding=rounding, tensors=64)
@@ -197,7 +199,7 @@ def test_budget_binds_at_large_tiles():
         min_size=1,
         max_size=4,
     ),
-    dtype=st.sampled_from(adamw.PARAM_DTYPES),
+    dtype=st.sampled_from(fused_adamw.PARAM_DTYPES),
     amsgrad=st.booleans(),
     maximize=st.booleans(),
     seed=st.integers(0, 1000),
@@ -208,22 +210,22 @@ def test_kernel_matches_reference_over_counts_and_sizes(sizes, dtype, amsgrad, m
     _check(args, SMALL_TILES, dtype)
 
 
-@pytest.mark.parametrize("engines", adamw.ENGINE_CHOICES)
+@pytest.mark.parametrize("engines", fused_adamw.ENGINE_CHOICES)
 def test_low_precision_grads_with_fp32_params(engines):
     """The master-weight call: fp32 params (the master copy), bf16 gradients."""
     args = list(_inputs([300, 129], "float32", amsgrad=True, grad_scale=torch.tensor(64.0)))
     args[1] = [(g * 64).to(torch.bfloat16) for g in args[1]]
-    _check(tuple(args), adamw.AdamwConfig(engines=engines), "float32")
+    _check(tuple(args), fused_adamw.FusedAdamwConfig(engines=engines), "float32")
 
 
-@pytest.mark.parametrize("engines", adamw.ENGINE_CHOICES)
-@pytest.mark.parametrize("dtype", adamw.PARAM_DTYPES)
+@pytest.mark.parametrize("engines", fused_adamw.ENGINE_CHOICES)
+@pytest.mark.parametrize("dtype", fused_adamw.PARAM_DTYPES)
 def test_found_inf_leaves_every_tensor_bitwise_unchanged(engines, dtype):
     """inf and NaN gradients with found_inf set: params and state keep their bits."""
     args = _inputs([300, 5], dtype, amsgrad=True, found_inf=torch.tensor(1.0))
     args[1][0][3], args[1][0][7], args[1][1][0] = float("inf"), float("nan"), float("-inf")
     before = _copies(args)
-    run_kernel(SPEC, args, adamw.AdamwConfig(engines=engines))
+    run_kernel(SPEC, args, fused_adamw.FusedAdamwConfig(engines=engines))
     for got, was in zip(_updated(args), _updated(before)):
         assert torch.equal(got.view(torch.int16 if got.itemsize == 2 else torch.int32),
                            was.view(torch.int16 if was.itemsize == 2 else torch.int32))  # fmt: skip
@@ -287,7 +289,7 @@ def test_new_lr_and_step_need_no_new_kernel_build(monkeypatch):
 def test_engine_assignment_is_what_the_config_says(engines, expected):
     runs = []
     args = _inputs([128 * 64], amsgrad=True)
-    run_kernel(SPEC, args, adamw.AdamwConfig(engines=engines), runs=runs)
+    run_kernel(SPEC, args, fused_adamw.FusedAdamwConfig(engines=engines), runs=runs)
     compute = {e for e in runs[0].trace.count_by_engine() if e not in ("dma",)}
     assert compute == expected
 
@@ -380,18 +382,18 @@ def test_stochastic_rounding_is_unbiased():
 @pytest.mark.parametrize("amsgrad", [False, True])
 def test_the_dma_floor_counts_each_updated_tensor_read_and_written_back(amsgrad):
     """One step reads p, g, m, v (and vmax) and writes p, m, v (and vmax) back: fp32, that
-    is 28 bytes per element (36 with amsgrad), the bytes `benchmarks/adamw.py` divides by;
+    is 28 bytes per element (36 with amsgrad), the bytes `benchmarks/fused_adamw.py` divides by;
     `host_bytes` (what a run allocates) counts each tensor once."""
     problem = {"tensors": 3, "numel": 1000, "amsgrad": amsgrad, "rounding": False}
     with torch.device("meta"):
-        args = adamw.SPEC.make_inputs(problem, "float32", measure_generator())
+        args = fused_adamw.SPEC.make_inputs(problem, "float32", measure_generator())
     elements = sum(p.numel() for p in args[0])
     scalars = sum(t.numel() * 4 for t in args[5]) + 4 + 4  # steps, grad_scale, found_inf
     per_element = 36 if amsgrad else 28
     expected = per_element * elements + scalars
-    assert adamw.SPEC.min_traffic_bytes(problem, "float32") == expected
+    assert fused_adamw.SPEC.min_traffic_bytes(problem, "float32") == expected
     read_once = (20 if amsgrad else 16) * elements + scalars  # p, g, m, v (and vmax)
-    assert adamw.SPEC.host_bytes(problem, "float32") == read_once
+    assert fused_adamw.SPEC.host_bytes(problem, "float32") == read_once
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -447,7 +449,7 @@ def test_bf16_found_inf_under_nki_precise_fp_0_is_one_error_and_changes_nothing(
 def test_the_budget_check_covers_every_launch_the_op_makes(sizes, tile):
     """A config the budget check accepts for (tensors, numel) fits every launch the op makes
     of tensors up to numel: no launch's rows are wider than the check's."""
-    config = adamw.AdamwConfig(tile_free=tile)
+    config = fused_adamw.FusedAdamwConfig(tile_free=tile)
     worst = SPEC.check({"tensors": len(sizes), "numel": max(sizes)}, "float32", config, "trn2")
-    for launch in adamw.launches(sizes, config, 128):
+    for launch in fused_adamw.launches(sizes, config, 128):
         assert launch.cols <= worst.cols

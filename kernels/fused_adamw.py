@@ -98,8 +98,8 @@ from neuron_kernels.kernels.tiling import core_share, tiled
 
 __all__ = [
     "SPEC",
-    "AdamwConfig",
-    "AdamwPlan",
+    "FusedAdamwConfig",
+    "FusedAdamwPlan",
     "Launch",
     "Segment",
     "coefficients",
@@ -144,7 +144,7 @@ SQRT_FLOOR = 2.0**-84
 
 
 @dataclass(frozen=True)
-class AdamwConfig(TunableConfig):
+class FusedAdamwConfig(TunableConfig):
     """Tile-level choices of the fused AdamW kernel.
 
     Attributes:
@@ -232,7 +232,7 @@ def row_width(sizes, tile_free: int) -> int:
     return cols
 
 
-def launches(sizes, config: AdamwConfig, partitions: int) -> tuple:
+def launches(sizes, config: FusedAdamwConfig, partitions: int) -> tuple:
     """The op's launches for tensors of ``sizes`` (all non-empty), in two kinds.
 
     A tensor of at least one full chunk (``partitions x tile_free``) has its whole rows of
@@ -261,7 +261,7 @@ def launches(sizes, config: AdamwConfig, partitions: int) -> tuple:
 
 
 @dataclass(frozen=True)
-class AdamwPlan(nl.NKIObject):
+class FusedAdamwPlan(nl.NKIObject):
     """Tiles of one launch over its ``[rows, cols]`` buffers: its chunks ``(row0, rows)``
     (rows ``[row0, row0 + rows)``, at most ``partitions``) in waves of ``in_flight``, per
     core, and the budgets. Derived once by :func:`plan`; the kernel reads only this."""
@@ -298,7 +298,9 @@ def _rounding_allowed(dtype: str, rounding: bool) -> None:
         )  # fmt: skip
 
 
-def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target, lnc: int = 1) -> AdamwPlan:
+def plan(
+    problem: dict, dtype: str, config: FusedAdamwConfig, target: Target, lnc: int = 1
+) -> FusedAdamwPlan:
     """The tile plan of ``config`` for one launch: its ``rows`` x ``cols`` buffers cut into
     chunks of up to ``partitions`` whole rows, the chunks split over ``lnc`` cores by
     element count (every chunk is independent: each core writes only its own rows).
@@ -333,7 +335,7 @@ def plan(problem: dict, dtype: str, config: AdamwConfig, target: Target, lnc: in
     rounding = bool(problem.get("rounding", False))
     _rounding_allowed(dtype, rounding)
     in_flight = min(k, most) + (most > k)
-    return AdamwPlan(
+    return FusedAdamwPlan(
         partitions=pmax,
         tile_free=config.tile_free,
         rows=rows,
@@ -895,7 +897,7 @@ def run_kernels(
     found_inf: torch.Tensor | None = None,
     stochastic_rounding_seed: int | None = None,
     *,
-    config: AdamwConfig,
+    config: FusedAdamwConfig,
     runner,
 ) -> None:
     """Update every tensor: the kernel launches of :func:`launches` (empty tensors are
@@ -1029,7 +1031,7 @@ def _bad_inputs():
 SPEC = register(
     OpSpec(
         name=OP,
-        config=AdamwConfig,
+        config=FusedAdamwConfig,
         plan=plan,
         run_kernels=run_kernels,
         reference=reference,
