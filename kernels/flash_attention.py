@@ -27,6 +27,7 @@ from neuron_kernels.kernels.flash_attention_plan import FlashAttentionConfig, pl
 from neuron_kernels.kernels.spec import (
     OpSpec,
     Tolerance,
+    bucket_size,
     dtype_name,
     register,
     runner_lnc,
@@ -248,16 +249,13 @@ def make_inputs(problem: dict, dtype: str, generator: torch.Generator) -> tuple:
 
 
 def shape_bucket(problem: dict) -> str:
-    """Sizes rounded up to powers of two (Sq, Sk at least 128), exact H, Hkv and D (they
+    """B, Sq and Sk as :func:`.spec.bucket_size` rounds them, exact H, Hkv and D (they
     fix the kernel's loops), causal, then :func:`feature_suffix`; the scale does not change
     the tiles."""
 
-    def pow2(x: int) -> int:
-        return max(128, 1 << (max(1, x) - 1).bit_length())
-
     return (
-        f"b{pow2(problem['b'])}_h{problem['h']}_hkv{problem['hkv']}_sq{pow2(problem['sq'])}"
-        f"_sk{pow2(problem['sk'])}_d{problem['d']}_causal{str(bool(problem.get('causal'))).lower()}"
+        f"b{bucket_size(problem['b'])}_h{problem['h']}_hkv{problem['hkv']}_sq{bucket_size(problem['sq'])}"
+        f"_sk{bucket_size(problem['sk'])}_d{problem['d']}_causal{str(bool(problem.get('causal'))).lower()}"
         + feature_suffix(problem)
     )
 

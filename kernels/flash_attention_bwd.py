@@ -30,6 +30,7 @@ from neuron_kernels.kernels.flash_attention_bwd_plan import OP, FlashAttentionBw
 from neuron_kernels.kernels.spec import (
     OpSpec,
     Tolerance,
+    bucket_size,
     dtype_name,
     register,
     runner_lnc,
@@ -142,17 +143,14 @@ def problem(
 
 
 def shape_bucket(problem: dict) -> str:
-    """As the forward's: B, Sq and Sk rounded up to powers of two (Sq, Sk at least 128),
-    exact Hkv, groups and D (they fix the kernel's loops), causal, then
+    """As the forward's: B, Sq and Sk as :func:`.spec.bucket_size` rounds them, exact Hkv,
+    groups and D (they fix the kernel's loops), causal, then
     :func:`feature_suffix`. (Hkv and groups used to be rounded up to 128 too, so every
     head count shared one bucket.)"""
 
-    def pow2(x: int, floor: int = 1) -> int:
-        return max(floor, 1 << (max(1, x) - 1).bit_length())
-
     return (
-        f"b{pow2(problem['b'], 128)}_hkv{problem['hkv']}_groups{problem['groups']}"
-        f"_sq{pow2(problem['sq'], 128)}_sk{pow2(problem['sk'], 128)}_d{problem['d']}"
+        f"b{bucket_size(problem['b'])}_hkv{problem['hkv']}_groups{problem['groups']}"
+        f"_sq{bucket_size(problem['sq'])}_sk{bucket_size(problem['sk'])}_d{problem['d']}"
         f"_causal{str(bool(problem.get('causal'))).lower()}" + feature_suffix(problem)
     )
 

@@ -72,6 +72,7 @@ from neuron_kernels.kernels.spec import (
     DTYPES,
     OpSpec,
     TunableConfig,
+    bucket_size,
     dtype_name,
     register,
     runner_lnc,
@@ -833,19 +834,20 @@ def make_inputs_bwd(problem: dict, dtype: str, generator: torch.Generator) -> tu
 
 
 def shape_bucket(problem: dict) -> str:
-    """Totals and maxima rounded up to powers of two (at least 128), exact H, Hkv and D
+    """Totals and maxima as :func:`.spec.bucket_size` rounds them, exact H, Hkv and D
     (they fix the kernels' loops), causal and same_packing (they fix which tiles are
     traced); the number of sequences and the scale change no tile."""
 
-    def pow2(x: int) -> int:
-        return max(128, 1 << (max(1, x) - 1).bit_length())
-
-    dims = [f"tq{pow2(problem['total_q'])}", f"tk{pow2(problem['total_k'])}"]
+    dims = [f"tq{bucket_size(problem['total_q'])}", f"tk{bucket_size(problem['total_k'])}"]
     if "groups" in problem:
         dims += [f"hkv{problem['hkv']}", f"groups{problem['groups']}"]
     else:
         dims += [f"h{problem['h']}", f"hkv{problem['hkv']}"]
-    dims += [f"d{problem['d']}", f"mq{pow2(problem['max_q'])}", f"mk{pow2(problem['max_k'])}"]
+    dims += [
+        f"d{problem['d']}",
+        f"mq{bucket_size(problem['max_q'])}",
+        f"mk{bucket_size(problem['max_k'])}",
+    ]
     flags = f"causal{str(bool(problem.get('causal'))).lower()}"
     flags += f"_same{str(bool(problem.get('same_packing'))).lower()}"
     return "_".join(dims) + "_" + flags

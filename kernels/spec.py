@@ -33,6 +33,7 @@ __all__ = [
     "TilePlan",
     "Tolerance",
     "TunableConfig",
+    "bucket_size",
     "ceil_div",
     "check_lnc",
     "dtype_name",
@@ -457,6 +458,11 @@ def shape_parser(
     return parse_shape
 
 
+def bucket_size(x: int) -> int:
+    """A size as shape buckets key it: rounded up to a power of two, at least 128."""
+    return max(128, 1 << (max(1, x) - 1).bit_length())
+
+
 def _pow2_bucket(problem: dict) -> str:
     """Each size rounded up to a power of two (at least 128), other entries as they are:
     configs transfer within a bucket."""
@@ -464,7 +470,7 @@ def _pow2_bucket(problem: dict) -> str:
     def key(v: Any) -> str:
         if isinstance(v, bool) or not isinstance(v, int):
             return str(v).lower()
-        return str(max(128, 1 << (max(1, v) - 1).bit_length()))
+        return str(bucket_size(v))
 
     return "_".join(f"{d}{key(v)}" for d, v in problem.items())
 
