@@ -26,12 +26,16 @@ def forward_to(shell: dict, implementation: str) -> tuple[Callable, Callable]:
     imports ``implementation``, copies its names into ``shell`` (names the shell defines
     itself are kept) and answers from it."""
 
+    loaded = []  # the implementation, once its names are in the shell
+
     def load():
-        module = importlib.import_module(implementation)
-        for name, value in vars(module).items():
-            if not name.startswith("__"):
-                shell.setdefault(name, value)
-        return module
+        if not loaded:
+            module = importlib.import_module(implementation)
+            for name, value in vars(module).items():
+                if not name.startswith("__"):
+                    shell.setdefault(name, value)
+            loaded.append(module)
+        return loaded[0]
 
     def __getattr__(name: str):
         if name == "__all__":  # the implementation's public names

@@ -371,7 +371,7 @@ def _decide(previous: dict | None, entry: dict, replace: bool) -> tuple[str, str
     comparable = all(previous.get(f) == entry.get(f) for f in COMPARABLE_FIELDS)
     if not comparable:
         return "new", "replaced the stored entry, tuned on another kernel or cost model"
-    if previous.get("shape", entry.get("shape")) != entry.get("shape", previous.get("shape")):
+    if "shape" in previous and "shape" in entry and previous["shape"] != entry["shape"]:
         return "existing", (
             f"kept the stored entry, tuned at {previous['shape']} ({old} {unit}): this run's "
             f"shape {entry['shape']} ({new}) falls in the same bucket, and latencies of two "
